@@ -1,0 +1,125 @@
+//! Manager configuration: one serde struct, the same from TOML, JSON or code.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ManagerError;
+
+/// How an [`AsyncLookupManager`](crate::AsyncLookupManager) behaves.
+///
+/// Every field has a default (see [`Default`]); a TOML table may name only
+/// the fields it changes:
+///
+/// ```
+/// let cfg: lookup_core::ManagerConfig =
+///     serde_json::from_str(r#"{ "call_timeout_ms": 250, "max_calls_in_flight": 8 }"#).unwrap();
+/// assert_eq!(cfg.call_timeout(), std::time::Duration::from_millis(250));
+/// assert_eq!(cfg.max_key_len, 64);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManagerConfig {
+    /// Name used in logs, spans, stats and the worker thread's name. Default `"tier"`.
+    pub tier_name: String,
+    /// Longest key accepted, in bytes. Default 64 (vLLM's keys are 36).
+    pub max_key_len: usize,
+    /// Deadline of one tier call, in milliseconds. On expiry the call's keys
+    /// answer miss, are counted as timeouts, and a late answer is discarded.
+    /// Default 1000.
+    pub call_timeout_ms: u64,
+    /// How long a key whose probe failed or timed out keeps answering miss
+    /// before a lookup probes it again, in milliseconds. Default 500.
+    pub failure_backoff_ms: u64,
+    /// Tier calls running at once. Default 32.
+    pub max_calls_in_flight: usize,
+    /// Flushed steps with calls still running or waiting. A step beyond this
+    /// waits (nothing blocks: its keys stay pending). Default 8.
+    pub max_steps_in_flight: usize,
+    /// Keys flushed but not yet handed to the tier. When the backlog reaches
+    /// this, lookups of new keys answer pending without being tracked, and
+    /// are counted as `deferred`. Default 65536.
+    pub max_queued_keys: usize,
+    /// Largest number of keys in one tier call; a request's group beyond this
+    /// is split. Default 4096.
+    pub max_keys_per_call: usize,
+    /// How long `shutdown` waits for running calls and the worker, in
+    /// milliseconds. Default 1000.
+    pub shutdown_timeout_ms: u64,
+    /// Threads of the worker's tokio runtime: 1 runs a current-thread
+    /// runtime on the worker thread, more a multi-thread runtime. Default 1.
+    pub worker_threads: usize,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            tier_name: "tier".to_owned(),
+            max_key_len: 64,
+            call_timeout_ms: 1000,
+            failure_backoff_ms: 500,
+            max_calls_in_flight: 32,
+            max_steps_in_flight: 8,
+            max_queued_keys: 65_536,
+            max_keys_per_call: 4096,
+            shutdown_timeout_ms: 1000,
+            worker_threads: 1,
+        }
+    }
+}
+
+impl ManagerConfig {
+    /// The default configuration with another tier name.
+    pub fn named(tier_name: impl Into<String>) -> Self {
+        Self {
+            tier_name: tier_name.into(),
+            ..Self::default()
+        }
+    }
+
+    /// `call_timeout_ms` as a duration.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms)
+    }
+
+    /// `failure_backoff_ms` as a duration.
+    pub fn failure_backoff(&self) -> Duration {
+        Duration::from_millis(self.failure_backoff_ms)
+    }
+
+    /// `shutdown_timeout_ms` as a duration.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+
+    /// Checks every field's range.
+    ///
+    /// # Errors
+    /// [`ManagerError::InvalidConfig`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), ManagerError> {
+        let positive: [(&'static str, u64); 7] = [
+            ("max_key_len", self.max_key_len as u64),
+            ("call_timeout_ms", self.call_timeout_ms),
+            ("max_calls_in_flight", self.max_calls_in_flight as u64),
+            ("max_steps_in_flight", self.max_steps_in_flight as u64),
+            ("max_queued_keys", self.max_queued_keys as u64),
+            ("max_keys_per_call", self.max_keys_per_call as u64),
+            ("worker_threads", self.worker_threads as u64),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(ManagerError::InvalidConfig {
+                    field,
+                    reason: "must be at least 1".to_owned(),
+                });
+            }
+        }
+        if self.tier_name.is_empty() {
+            return Err(ManagerError::InvalidConfig {
+                field: "tier_name",
+                reason: "must not be empty".to_owned(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! Errors: what a tier reports ([`TierError`]) and what the manager reports
+//! to its caller ([`LookupError`], [`ManagerError`]).
+
+use std::fmt;
+
+/// What went wrong in a tier call, classified where the backend error enters.
+///
+/// The manager never turns a tier error into a cached "absent": the keys of a
+/// failed call answer [`Miss`](crate::LookupVerdict::Miss) for safety, are
+/// counted under `errors` (not `misses`), and are probed again after the
+/// configured back-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TierErrorKind {
+    /// The backend could not be reached or dropped the connection.
+    Unavailable,
+    /// The backend did not answer in time (its own timeout, not the manager's deadline).
+    Timeout,
+    /// The backend asked us to slow down.
+    Throttled,
+    /// Credentials, permissions, missing bucket or similar: retrying will not help.
+    Config,
+    /// The caller passed something the tier cannot accept (for example a key of the wrong size).
+    InvalidInput,
+    /// Stored data failed a checksum or could not be parsed.
+    Corrupt,
+    /// The tier answered with a different number of results than keys.
+    WrongResultCount,
+    /// The tier's future panicked.
+    Panicked,
+    /// Anything else.
+    Other,
+}
+
+impl TierErrorKind {
+    /// Whether the same call may succeed later without a change of configuration.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable | Self::Timeout | Self::Throttled | Self::Other | Self::Panicked
+        )
+    }
+
+    /// Short stable name, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Timeout => "timeout",
+            Self::Throttled => "throttled",
+            Self::Config => "config",
+            Self::InvalidInput => "invalid_input",
+            Self::Corrupt => "corrupt",
+            Self::WrongResultCount => "wrong_result_count",
+            Self::Panicked => "panicked",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for TierErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error returned by a [`Tier`](crate::Tier): a kind, a message with
+/// context (endpoint, bucket, path, key count) and the backend's own error.
+///
+/// Tier crates keep their own detailed error enums and convert them into this
+/// type at the trait boundary, choosing the kind with the backend's own
+/// predicates.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} error: {message}")]
+pub struct TierError {
+    kind: TierErrorKind,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl TierError {
+    /// A new error of `kind` with a message that says what was being done.
+    pub fn new(kind: TierErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the backend's own error.
+    #[must_use]
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// The classification.
+    pub fn kind(&self) -> TierErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind prefix.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Shorthand for `self.kind().is_transient()`.
+    pub fn is_transient(&self) -> bool {
+        self.kind.is_transient()
+    }
+}
+
+/// An error returned to the scheduler by the manager's lookup calls.
+///
+/// None of these is a tier failure: tier failures never reach the scheduler
+/// as errors, they resolve keys as counted misses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// The key is empty or longer than the configured `max_key_len`.
+    #[error("invalid key of {len} bytes: keys must be 1 to {max} bytes long")]
+    InvalidKey {
+        /// The key's length.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The manager was shut down; it answers no more lookups.
+    #[error("the lookup manager for tier '{tier}' is shut down")]
+    ShutDown {
+        /// The tier's name.
+        tier: String,
+    },
+}
+
+/// An error building a manager.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManagerError {
+    /// A configuration value is out of range.
+    #[error("invalid lookup manager configuration: {field} {reason}")]
+    InvalidConfig {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The worker thread or its runtime could not be started.
+    #[error("could not start the lookup worker for tier '{tier}': {source}")]
+    Spawn {
+        /// The tier's name.
+        tier: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+}

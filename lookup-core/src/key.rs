@@ -1,0 +1,259 @@
+//! Keys and request contexts: the two values every lookup carries.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// Bytes stored inline, without a heap allocation.
+///
+/// vLLM's keys are a 32-byte block hash plus a 4-byte group index (36 bytes),
+/// so the common key never allocates and cloning it is a plain copy.
+pub const INLINE_KEY_CAPACITY: usize = 38;
+
+/// The name of one KV-cache block in a tier: opaque bytes, cheap to clone and hash.
+///
+/// Keys up to [`INLINE_KEY_CAPACITY`] bytes live inline (no allocation, clone
+/// is a copy); longer keys share one reference-counted buffer. Equality,
+/// ordering and hashing look only at the bytes, so two keys built from the
+/// same bytes are interchangeable whatever their representation.
+///
+/// Length limits are a property of the manager or the tier, not of the key:
+/// [`AsyncLookupManager`](crate::AsyncLookupManager) rejects keys longer than
+/// its configured maximum with [`LookupError::InvalidKey`](crate::LookupError::InvalidKey).
+#[derive(Clone)]
+pub struct OffloadKey(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_KEY_CAPACITY],
+    },
+    Shared(Arc<[u8]>),
+}
+
+impl OffloadKey {
+    /// Builds a key from its bytes.
+    pub fn new(bytes: &[u8]) -> Self {
+        if bytes.len() <= INLINE_KEY_CAPACITY {
+            let mut inline = [0u8; INLINE_KEY_CAPACITY];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            // The cast cannot truncate: len <= INLINE_KEY_CAPACITY < 256.
+            Self(Repr::Inline {
+                len: bytes.len() as u8,
+                bytes: inline,
+            })
+        } else {
+            Self(Repr::Shared(Arc::from(bytes)))
+        }
+    }
+
+    /// vLLM's layout: a block hash followed by the 4-byte big-endian group index.
+    pub fn from_block_hash(block_hash: &[u8], group_idx: u32) -> Self {
+        let mut buf = Vec::with_capacity(block_hash.len() + 4);
+        buf.extend_from_slice(block_hash);
+        buf.extend_from_slice(&group_idx.to_be_bytes());
+        Self::new(&buf)
+    }
+
+    /// The key's bytes.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Repr::Shared(bytes) => bytes,
+        }
+    }
+
+    /// Number of bytes in the key.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
+
+    /// Whether the key has no bytes (the manager rejects such keys).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Lower-case hexadecimal form of the key, as object stores name it.
+    pub fn to_hex(&self) -> String {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(self.len() * 2);
+        for byte in self.as_bytes() {
+            out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+        }
+        out
+    }
+}
+
+impl PartialEq for OffloadKey {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for OffloadKey {}
+
+impl PartialOrd for OffloadKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OffloadKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl Hash for OffloadKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Must hash exactly like `[u8]` so that `Borrow<[u8]>` lookups work.
+        self.as_bytes().hash(state);
+    }
+}
+
+impl Borrow<[u8]> for OffloadKey {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl AsRef<[u8]> for OffloadKey {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl From<&[u8]> for OffloadKey {
+    fn from(bytes: &[u8]) -> Self {
+        Self::new(bytes)
+    }
+}
+
+impl<const N: usize> From<[u8; N]> for OffloadKey {
+    fn from(bytes: [u8; N]) -> Self {
+        Self::new(&bytes)
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for OffloadKey {
+    fn from(bytes: &[u8; N]) -> Self {
+        Self::new(bytes)
+    }
+}
+
+impl From<Vec<u8>> for OffloadKey {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::new(&bytes)
+    }
+}
+
+impl fmt::Debug for OffloadKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OffloadKey({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for OffloadKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// Who is asking: the request id plus what a tier may need to answer for it.
+///
+/// Cloning is two reference-count increments. The manager groups keys by
+/// `req_id` and hands the tier the context of the request that first asked
+/// for a key; a key shared by several requests is probed once.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ReqContext {
+    req_id: Arc<str>,
+    namespace: Option<Arc<str>>,
+}
+
+impl ReqContext {
+    /// A context for request `req_id`, with no namespace.
+    pub fn new(req_id: impl Into<Arc<str>>) -> Self {
+        Self {
+            req_id: req_id.into(),
+            namespace: None,
+        }
+    }
+
+    /// Sets the namespace a tier may use to scope keys (a tenant, a model).
+    #[must_use]
+    pub fn with_namespace(mut self, namespace: impl Into<Arc<str>>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The request id.
+    #[inline]
+    pub fn req_id(&self) -> &str {
+        &self.req_id
+    }
+
+    /// The namespace, if one was set.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// The shared request id, for cheap identity checks.
+    #[inline]
+    pub(crate) fn req_id_arc(&self) -> &Arc<str> {
+        &self.req_id
+    }
+}
+
+impl fmt::Debug for ReqContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("ReqContext");
+        d.field("req_id", &&*self.req_id);
+        if let Some(ns) = &self.namespace {
+            d.field("namespace", &&**ns);
+        }
+        d.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn inline_and_shared_keys_compare_by_bytes() {
+        let short = OffloadKey::new(&[7u8; 36]);
+        let long = OffloadKey::new(&[7u8; 100]);
+        assert_eq!(short.len(), 36);
+        assert_eq!(long.len(), 100);
+        assert_eq!(short, OffloadKey::from([7u8; 36]));
+        assert_ne!(short, long);
+        let mut map = HashMap::new();
+        map.insert(long.clone(), 1);
+        map.insert(short.clone(), 2);
+        assert_eq!(map.get(&[7u8; 100][..]), Some(&1));
+        assert_eq!(map.get(short.as_bytes()), Some(&2));
+    }
+
+    #[test]
+    fn block_hash_layout_matches_vllm() {
+        let key = OffloadKey::from_block_hash(&[0xab; 32], 0x0102_0304);
+        assert_eq!(key.len(), 36);
+        assert_eq!(&key.as_bytes()[32..], &[1, 2, 3, 4]);
+        assert!(key.to_hex().starts_with("abab"));
+        assert!(key.to_hex().ends_with("01020304"));
+    }
+
+    #[test]
+    fn key_is_small() {
+        assert!(std::mem::size_of::<OffloadKey>() <= 40);
+    }
+}

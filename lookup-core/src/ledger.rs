@@ -1,0 +1,798 @@
+//! The manager's state machine, without threads or clocks ("sans-IO").
+//!
+//! [`Ledger`] holds every key's lookup state and decides what to probe; it
+//! never calls a tier and never reads the clock: time comes in as an
+//! argument. [`AsyncLookupManager`](crate::AsyncLookupManager) drives it from
+//! the scheduler thread and carries its [`TierCall`]s to a worker. Tests (and
+//! bindings with their own transport) can drive it directly, delivering
+//! results late, twice or out of order.
+//!
+//! # Why it is correct without locks
+//!
+//! The ledger is owned by one thread (`&mut self` on every method), so the
+//! reference's "ownership instead of locks" is enforced by the compiler.
+//! Everything that crosses threads is a value: a [`TierCall`] going out, a
+//! [`CallOutcome`] coming back.
+//!
+//! # Key lifecycle
+//!
+//! ```text
+//!  lookup (new key)      flush            next_call          complete
+//! ───────────────▶ Unsubmitted ──▶ Queued ──────▶ InFlight ──────▶ Present | Absent
+//!                                                    │ error, wrong length, deadline
+//!                                                    └──────────────▶ Failed ──(back-off, lookup)──▶ Unsubmitted
+//!   mark_miss, from any phase ──▶ ForcedMiss (a later answer is dropped)
+//! ```
+//!
+//! - **Generations.** Every probe of a key gets a fresh generation number; a
+//!   result is applied only if the key still has that generation and is in
+//!   flight. A late answer for a key that was cleaned up and looked up again,
+//!   re-probed, or forced to miss is dropped and counted.
+//! - **Enqueue once.** A key enters a tier call at most once per generation:
+//!   only a key in `Unsubmitted` is flushed and only a `Queued` one is sent.
+//! - **In-flight retention.** `cleanup` releases a request's references; a
+//!   key left without references is forgotten unless its probe is running,
+//!   in which case it stays until the answer lands, so a new request can
+//!   share the running probe. The answer then frees it.
+//! - **Failures are not truth.** A failed or timed-out probe answers miss
+//!   (the safe choice for a scheduler) but is counted apart and probed again
+//!   once `failure_backoff` has passed.
+//! - **`mark_miss` wins.** After a failed load the scheduler forces a miss;
+//!   no later answer can turn it back into a hit (the livelock of vLLM #49176).
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::ManagerConfig;
+use crate::error::{LookupError, TierError, TierErrorKind};
+use crate::key::{OffloadKey, ReqContext};
+use crate::stats::{LatencyHistogram, ManagerStats};
+
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The answer to one key's lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LookupVerdict {
+    /// The block exists in the tier.
+    Hit,
+    /// The block does not exist, its probe failed, or the scheduler marked it missing.
+    Miss,
+    /// No answer yet; ask again next step.
+    Pending,
+}
+
+/// The answer to a prefix lookup: how many leading blocks exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrefixVerdict {
+    /// Every key up to the first miss is resolved; this many leading keys are hits.
+    Ready(usize),
+    /// A key before the first known miss has no answer yet.
+    Pending,
+}
+
+/// Identifies one tier call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallId(pub u64);
+
+/// One tier call the ledger wants made: one request's keys.
+#[derive(Debug, Clone)]
+pub struct TierCall {
+    /// Pass this back to [`Ledger::complete`].
+    pub id: CallId,
+    /// The keys to probe, each once.
+    pub keys: Arc<[OffloadKey]>,
+    /// The context of the request that first asked for these keys.
+    pub ctx: ReqContext,
+    /// When the ledger will resolve the keys as timeouts if no answer came.
+    pub deadline: Instant,
+}
+
+/// How a tier call ended.
+#[derive(Debug)]
+pub enum CallOutcome {
+    /// The tier answered (possibly with the wrong number of results).
+    Answered(Vec<bool>),
+    /// The tier failed or its future panicked.
+    Failed(TierError),
+    /// The deadline passed first.
+    TimedOut,
+}
+
+/// A clock read at most once, only when an answer needs the time.
+#[derive(Debug, Clone, Copy)]
+pub struct LazyNow(Option<Instant>);
+
+impl LazyNow {
+    /// Reads the system clock the first time it is needed.
+    pub fn new() -> Self {
+        Self(None)
+    }
+
+    /// A fixed time, for tests and simulations.
+    pub fn at(now: Instant) -> Self {
+        Self(Some(now))
+    }
+
+    /// The time.
+    pub fn get(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
+impl Default for LazyNow {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Looked up since the last flush.
+    Unsubmitted,
+    /// Flushed, waiting for room to start its tier call.
+    Queued,
+    /// In a running tier call.
+    InFlight,
+    Present,
+    Absent,
+    ForcedMiss,
+    /// The probe failed or timed out; answer miss until `retry_at`.
+    Failed {
+        retry_at: Instant,
+    },
+}
+
+#[derive(Debug)]
+struct KeyState {
+    generation: u64,
+    phase: Phase,
+    /// Requests holding a reference.
+    refs: u32,
+    /// The last request that touched the key: skips the membership probe
+    /// when a request asks for its own key again.
+    last_req: u64,
+    /// When the flush that submitted this generation happened.
+    flushed_at: Option<Instant>,
+    /// Whether a verdict for this generation was already returned.
+    reported: bool,
+}
+
+#[derive(Debug)]
+struct RequestEntry {
+    serial: u64,
+    keys: FastMap<OffloadKey, ()>,
+}
+
+#[derive(Debug)]
+struct BatchEntry {
+    key: OffloadKey,
+    generation: u64,
+    ctx: ReqContext,
+}
+
+#[derive(Debug)]
+struct Group {
+    seq: u64,
+    step: u64,
+    ctx: ReqContext,
+    keys: Vec<(OffloadKey, u64)>,
+}
+
+#[derive(Debug)]
+struct RunningCall {
+    step: u64,
+    keys: Arc<[OffloadKey]>,
+    generations: Vec<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    lookups: u64,
+    hits: u64,
+    misses: u64,
+    errors: u64,
+    timeouts: u64,
+    forced_misses: u64,
+    stale_results_dropped: u64,
+    late_answers_dropped: u64,
+    deferred: u64,
+    calls_started: u64,
+    calls_finished: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct StepState {
+    /// Groups of the step not yet finished (queued or running).
+    outstanding: usize,
+    /// Whether one of its calls has started.
+    started: bool,
+}
+
+/// The manager's state machine; see the [module docs](self).
+#[derive(Debug)]
+pub struct Ledger {
+    tier: Arc<str>,
+    max_key_len: usize,
+    call_timeout: Duration,
+    failure_backoff: Duration,
+    max_calls_in_flight: usize,
+    max_steps_in_flight: usize,
+    max_queued_keys: usize,
+    max_keys_per_call: usize,
+
+    keys: FastMap<OffloadKey, KeyState>,
+    requests: FastMap<Arc<str>, RequestEntry>,
+    /// The request of the previous lookup, to skip hashing its id again.
+    last_request: Option<(Arc<str>, u64)>,
+    next_generation: u64,
+    next_serial: u64,
+
+    batch: Vec<BatchEntry>,
+    ready: VecDeque<Group>,
+    next_group_seq: u64,
+    /// Request id → sequence number of its group still in `ready`.
+    queued_group: FastMap<Arc<str>, u64>,
+    queued_keys: usize,
+
+    running: FastMap<CallId, RunningCall>,
+    /// Deadlines in start order; one timeout for all calls keeps them sorted.
+    deadlines: VecDeque<(Instant, CallId)>,
+    next_call: u64,
+    steps: BTreeMap<u64, StepState>,
+    started_steps: usize,
+    next_step: u64,
+
+    counters: Counters,
+    call_latency: LatencyHistogram,
+    time_to_verdict: LatencyHistogram,
+}
+
+impl Ledger {
+    /// An empty ledger with the limits of `cfg` (assumed valid).
+    pub fn new(cfg: &ManagerConfig) -> Self {
+        Self {
+            tier: Arc::from(cfg.tier_name.as_str()),
+            max_key_len: cfg.max_key_len,
+            call_timeout: cfg.call_timeout(),
+            failure_backoff: cfg.failure_backoff(),
+            max_calls_in_flight: cfg.max_calls_in_flight.max(1),
+            max_steps_in_flight: cfg.max_steps_in_flight.max(1),
+            max_queued_keys: cfg.max_queued_keys.max(1),
+            max_keys_per_call: cfg.max_keys_per_call.max(1),
+            keys: FastMap::default(),
+            requests: FastMap::default(),
+            last_request: None,
+            next_generation: 0,
+            next_serial: 0,
+            batch: Vec::new(),
+            ready: VecDeque::new(),
+            next_group_seq: 0,
+            queued_group: FastMap::default(),
+            queued_keys: 0,
+            running: FastMap::default(),
+            deadlines: VecDeque::new(),
+            next_call: 0,
+            steps: BTreeMap::new(),
+            started_steps: 0,
+            next_step: 0,
+            counters: Counters::default(),
+            call_latency: LatencyHistogram::new(),
+            time_to_verdict: LatencyHistogram::new(),
+        }
+    }
+
+    /// The tier's name.
+    pub fn tier_name(&self) -> &str {
+        &self.tier
+    }
+
+    /// Answers one key for one request, registering the request's reference
+    /// and, for a key never seen (or failed and past its back-off), adding it
+    /// to the next flush.
+    ///
+    /// # Errors
+    /// [`LookupError::InvalidKey`] for an empty key or one longer than `max_key_len`.
+    pub fn lookup(
+        &mut self,
+        key: &OffloadKey,
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+    ) -> Result<LookupVerdict, LookupError> {
+        let len = key.len();
+        if len == 0 || len > self.max_key_len {
+            return Err(LookupError::InvalidKey {
+                len,
+                max: self.max_key_len,
+            });
+        }
+        self.counters.lookups += 1;
+        let serial = self.request_serial(ctx);
+
+        let Some(state) = self.keys.get_mut(key) else {
+            if self.batch.len() + self.queued_keys >= self.max_queued_keys {
+                self.counters.deferred += 1;
+                return Ok(LookupVerdict::Pending);
+            }
+            let generation = self.next_generation;
+            self.next_generation += 1;
+            self.keys.insert(
+                key.clone(),
+                KeyState {
+                    generation,
+                    phase: Phase::Unsubmitted,
+                    refs: 1,
+                    last_req: serial,
+                    flushed_at: None,
+                    reported: false,
+                },
+            );
+            self.batch.push(BatchEntry {
+                key: key.clone(),
+                generation,
+                ctx: ctx.clone(),
+            });
+            if let Some(req) = self.requests.get_mut(ctx.req_id()) {
+                req.keys.insert(key.clone(), ());
+            }
+            return Ok(LookupVerdict::Pending);
+        };
+
+        if state.last_req != serial {
+            state.last_req = serial;
+            if let Some(req) = self.requests.get_mut(ctx.req_id())
+                && let Entry::Vacant(slot) = req.keys.entry(key.clone())
+            {
+                slot.insert(());
+                state.refs += 1;
+            }
+        }
+
+        let verdict = match state.phase {
+            Phase::Present => LookupVerdict::Hit,
+            Phase::Absent | Phase::ForcedMiss => LookupVerdict::Miss,
+            Phase::Unsubmitted | Phase::Queued | Phase::InFlight => return Ok(LookupVerdict::Pending),
+            Phase::Failed { retry_at } => {
+                if now.get() < retry_at {
+                    LookupVerdict::Miss
+                } else {
+                    // Probe again under a new generation: the failure was
+                    // never the truth.
+                    let generation = self.next_generation;
+                    self.next_generation += 1;
+                    state.generation = generation;
+                    state.phase = Phase::Unsubmitted;
+                    state.flushed_at = None;
+                    state.reported = false;
+                    self.batch.push(BatchEntry {
+                        key: key.clone(),
+                        generation,
+                        ctx: ctx.clone(),
+                    });
+                    return Ok(LookupVerdict::Pending);
+                }
+            }
+        };
+        if !state.reported {
+            state.reported = true;
+            if let Some(flushed_at) = state.flushed_at {
+                self.time_to_verdict
+                    .record(now.get().saturating_duration_since(flushed_at));
+            }
+        }
+        Ok(verdict)
+    }
+
+    /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
+    /// ends the scan, and an unresolved key before it makes the answer
+    /// pending. Every unresolved key up to the first miss is registered, so
+    /// the whole prompt is probed in one round trip.
+    ///
+    /// # Errors
+    /// [`LookupError::InvalidKey`] for the first invalid key met; keys before
+    /// it stay registered.
+    pub fn lookup_prefix(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+    ) -> Result<PrefixVerdict, LookupError> {
+        let mut hits = 0;
+        let mut pending = false;
+        for key in keys {
+            match self.lookup(key, ctx, now)? {
+                LookupVerdict::Hit => hits += 1,
+                LookupVerdict::Miss => break,
+                LookupVerdict::Pending => pending = true,
+            }
+        }
+        Ok(if pending {
+            PrefixVerdict::Pending
+        } else {
+            PrefixVerdict::Ready(hits)
+        })
+    }
+
+    fn request_serial(&mut self, ctx: &ReqContext) -> u64 {
+        if let Some((id, serial)) = &self.last_request
+            && Arc::ptr_eq(id, ctx.req_id_arc())
+        {
+            return *serial;
+        }
+        let serial = match self.requests.get(ctx.req_id()) {
+            Some(entry) => entry.serial,
+            None => {
+                let serial = self.next_serial;
+                self.next_serial += 1;
+                self.requests.insert(
+                    Arc::clone(ctx.req_id_arc()),
+                    RequestEntry {
+                        serial,
+                        keys: FastMap::default(),
+                    },
+                );
+                serial
+            }
+        };
+        self.last_request = Some((Arc::clone(ctx.req_id_arc()), serial));
+        serial
+    }
+
+    /// Moves the keys looked up since the last flush into per-request groups
+    /// waiting for a tier call. A request that still has a group waiting
+    /// gets the new keys added to it (up to `max_keys_per_call`), so a
+    /// backlog coalesces instead of growing a call per step.
+    pub fn flush(&mut self, now: Instant) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let step = self.next_step;
+        let mut new_groups = 0usize;
+        let batch = std::mem::take(&mut self.batch);
+        for entry in batch {
+            let Some(state) = self.keys.get_mut(&entry.key) else {
+                continue;
+            };
+            if state.generation != entry.generation || state.phase != Phase::Unsubmitted {
+                continue;
+            }
+            state.phase = Phase::Queued;
+            state.flushed_at = Some(now);
+            self.queued_keys += 1;
+
+            let front_seq = self.ready.front().map_or(0, |g| g.seq);
+            let joinable = self
+                .queued_group
+                .get(entry.ctx.req_id())
+                .and_then(|seq| usize::try_from(seq - front_seq).ok())
+                .filter(|&idx| {
+                    self.ready
+                        .get(idx)
+                        .is_some_and(|g| g.keys.len() < self.max_keys_per_call)
+                });
+            match joinable {
+                Some(idx) => {
+                    if let Some(group) = self.ready.get_mut(idx) {
+                        group.keys.push((entry.key, entry.generation));
+                    }
+                }
+                None => {
+                    let seq = self.next_group_seq;
+                    self.next_group_seq += 1;
+                    self.queued_group
+                        .insert(Arc::clone(entry.ctx.req_id_arc()), seq);
+                    self.ready.push_back(Group {
+                        seq,
+                        step,
+                        ctx: entry.ctx,
+                        keys: vec![(entry.key, entry.generation)],
+                    });
+                    new_groups += 1;
+                }
+            }
+        }
+        if new_groups > 0 {
+            self.next_step += 1;
+            self.steps.insert(
+                step,
+                StepState {
+                    outstanding: new_groups,
+                    started: false,
+                },
+            );
+        }
+    }
+
+    /// The next tier call to start, if the limits allow one: at most
+    /// `max_calls_in_flight` calls and `max_steps_in_flight` steps at once.
+    /// The call's keys move to in-flight; its deadline starts `now`.
+    pub fn next_call(&mut self, now: Instant) -> Option<TierCall> {
+        loop {
+            if self.running.len() >= self.max_calls_in_flight {
+                return None;
+            }
+            let group = self.ready.front()?;
+            let step_started = self.steps.get(&group.step).is_some_and(|s| s.started);
+            if !step_started && self.started_steps >= self.max_steps_in_flight {
+                return None;
+            }
+            let group = self.ready.pop_front()?;
+            if self
+                .queued_group
+                .get(group.ctx.req_id())
+                .is_some_and(|&seq| seq == group.seq)
+            {
+                self.queued_group.remove(group.ctx.req_id());
+            }
+            self.queued_keys = self.queued_keys.saturating_sub(group.keys.len());
+
+            let mut keys = Vec::with_capacity(group.keys.len());
+            let mut generations = Vec::with_capacity(group.keys.len());
+            for (key, generation) in group.keys {
+                if let Some(state) = self.keys.get_mut(&key)
+                    && state.generation == generation
+                    && state.phase == Phase::Queued
+                {
+                    state.phase = Phase::InFlight;
+                    keys.push(key);
+                    generations.push(generation);
+                }
+            }
+            if keys.is_empty() {
+                // Every key was cleaned up or forced to miss while waiting.
+                self.finish_group(group.step);
+                continue;
+            }
+            if let Some(step) = self.steps.get_mut(&group.step)
+                && !step.started
+            {
+                step.started = true;
+                self.started_steps += 1;
+            }
+            let id = CallId(self.next_call);
+            self.next_call += 1;
+            let keys: Arc<[OffloadKey]> = keys.into();
+            let deadline = now + self.call_timeout;
+            self.running.insert(
+                id,
+                RunningCall {
+                    step: group.step,
+                    keys: Arc::clone(&keys),
+                    generations,
+                },
+            );
+            self.deadlines.push_back((deadline, id));
+            self.counters.calls_started += 1;
+            return Some(TierCall {
+                id,
+                keys,
+                ctx: group.ctx,
+                deadline,
+            });
+        }
+    }
+
+    fn finish_group(&mut self, step: u64) {
+        if let Some(state) = self.steps.get_mut(&step) {
+            state.outstanding = state.outstanding.saturating_sub(1);
+            if state.outstanding == 0 {
+                if state.started {
+                    self.started_steps -= 1;
+                }
+                self.steps.remove(&step);
+            }
+        }
+    }
+
+    /// Applies the outcome of call `id`, which took `elapsed`. An answer for
+    /// a call that already timed out is dropped and counted.
+    pub fn complete(&mut self, id: CallId, outcome: CallOutcome, elapsed: Duration, now: Instant) {
+        let Some(call) = self.running.remove(&id) else {
+            self.counters.late_answers_dropped += 1;
+            return;
+        };
+        self.counters.calls_finished += 1;
+        self.finish_group(call.step);
+        self.call_latency.record(elapsed);
+
+        let failure = match outcome {
+            CallOutcome::Answered(found) if found.len() == call.keys.len() => {
+                for ((key, &generation), present) in
+                    call.keys.iter().zip(&call.generations).zip(found)
+                {
+                    let phase = if present {
+                        Phase::Present
+                    } else {
+                        Phase::Absent
+                    };
+                    self.resolve(key, generation, phase);
+                }
+                return;
+            }
+            CallOutcome::Answered(found) => {
+                tracing::warn!(
+                    tier = %self.tier,
+                    keys = call.keys.len(),
+                    results = found.len(),
+                    "tier answered with the wrong number of results; resolving its keys as errors"
+                );
+                TierErrorKind::WrongResultCount
+            }
+            CallOutcome::Failed(err) => {
+                tracing::warn!(tier = %self.tier, keys = call.keys.len(), error = %err, "tier call failed");
+                err.kind()
+            }
+            CallOutcome::TimedOut => {
+                tracing::warn!(
+                    tier = %self.tier,
+                    keys = call.keys.len(),
+                    timeout_ms = self.call_timeout.as_millis() as u64,
+                    "tier call exceeded its deadline"
+                );
+                TierErrorKind::Timeout
+            }
+        };
+        let timed_out = failure == TierErrorKind::Timeout;
+        let retry_at = now + self.failure_backoff;
+        for (key, &generation) in call.keys.iter().zip(&call.generations) {
+            if self.resolve(key, generation, Phase::Failed { retry_at }) {
+                if timed_out {
+                    self.counters.timeouts += 1;
+                } else {
+                    self.counters.errors += 1;
+                }
+            }
+        }
+    }
+
+    /// Applies one key's result; returns whether it was applied.
+    fn resolve(&mut self, key: &OffloadKey, generation: u64, phase: Phase) -> bool {
+        let Some(state) = self.keys.get_mut(key) else {
+            self.counters.stale_results_dropped += 1;
+            return false;
+        };
+        if state.generation != generation || state.phase != Phase::InFlight {
+            // Re-probed, or forced to miss while in flight: mark_miss wins.
+            self.counters.stale_results_dropped += 1;
+            return false;
+        }
+        match phase {
+            Phase::Present => self.counters.hits += 1,
+            Phase::Absent => self.counters.misses += 1,
+            _ => {}
+        }
+        if state.refs == 0 {
+            // Retained only for this answer; nobody is asking any more.
+            self.keys.remove(key);
+        } else {
+            state.phase = phase;
+        }
+        true
+    }
+
+    /// Resolves as timeouts every call whose deadline is `now` or earlier.
+    /// The worker enforces deadlines too; this is the backstop for a worker
+    /// that cannot (a tier blocking its thread).
+    pub fn expire(&mut self, now: Instant) {
+        while let Some(&(deadline, id)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            if self.running.contains_key(&id) {
+                self.complete(id, CallOutcome::TimedOut, self.call_timeout, now);
+            }
+        }
+        // Deadlines of calls that finished normally are dropped lazily above;
+        // keep the queue from growing when nothing expires for a long time.
+        if self.deadlines.len() > 2 * self.running.len() + 64 {
+            let running = &self.running;
+            self.deadlines.retain(|(_, id)| running.contains_key(id));
+        }
+    }
+
+    /// The earliest deadline of a running call.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines
+            .iter()
+            .find(|(_, id)| self.running.contains_key(id))
+            .map(|&(deadline, _)| deadline)
+    }
+
+    /// Forces the verdict of `keys` to miss after a failed load, so the
+    /// scheduler stops re-issuing a doomed load. A later tier answer cannot
+    /// undo it. Keys the ledger does not track are skipped.
+    pub fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
+        for key in keys {
+            if let Some(state) = self.keys.get_mut(key) {
+                state.phase = Phase::ForcedMiss;
+                self.counters.forced_misses += 1;
+            }
+        }
+    }
+
+    /// Releases every reference of request `req_id`. Keys left without
+    /// references are forgotten, except those whose probe is running: they
+    /// stay until the answer lands.
+    pub fn cleanup(&mut self, req_id: &str) {
+        let Some(entry) = self.requests.remove(req_id) else {
+            return;
+        };
+        if self
+            .last_request
+            .as_ref()
+            .is_some_and(|(_, serial)| *serial == entry.serial)
+        {
+            self.last_request = None;
+        }
+        for key in entry.keys.into_keys() {
+            if let Some(state) = self.keys.get_mut(&key) {
+                state.refs = state.refs.saturating_sub(1);
+                if state.refs == 0 && state.phase != Phase::InFlight {
+                    self.keys.remove(&key);
+                }
+            }
+        }
+        if self.keys.is_empty() {
+            // Nothing refers to queued entries any more.
+            self.batch.clear();
+        }
+    }
+
+    /// Resolves every running call as failed, for shutdown: their keys
+    /// answer miss (counted as errors).
+    pub fn abandon_running(&mut self, now: Instant) {
+        let ids: Vec<CallId> = self.running.keys().copied().collect();
+        for id in ids {
+            self.complete(
+                id,
+                CallOutcome::Failed(TierError::new(
+                    TierErrorKind::Unavailable,
+                    "the lookup manager shut down before the tier answered",
+                )),
+                Duration::ZERO,
+                now,
+            );
+        }
+    }
+
+    /// Number of tier calls running.
+    pub fn running_calls(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether the ledger holds no key, request, queued group or running call.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+            && self.requests.is_empty()
+            && self.running.is_empty()
+            && self.ready.is_empty()
+            && self.batch.is_empty()
+    }
+
+    /// A snapshot of the counters and histograms.
+    pub fn stats(&self) -> ManagerStats {
+        let c = &self.counters;
+        ManagerStats {
+            tier: self.tier.to_string(),
+            lookups: c.lookups,
+            hits: c.hits,
+            misses: c.misses,
+            errors: c.errors,
+            timeouts: c.timeouts,
+            forced_misses: c.forced_misses,
+            stale_results_dropped: c.stale_results_dropped,
+            late_answers_dropped: c.late_answers_dropped,
+            deferred: c.deferred,
+            calls_started: c.calls_started,
+            calls_finished: c.calls_finished,
+            tracked_keys: self.keys.len(),
+            in_flight_keys: self.running.values().map(|c| c.keys.len()).sum(),
+            queued_keys: self.queued_keys + self.batch.len(),
+            tracked_requests: self.requests.len(),
+            tier_call_latency: self.call_latency.summary(),
+            time_to_verdict: self.time_to_verdict.summary(),
+        }
+    }
+}

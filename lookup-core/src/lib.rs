@@ -1,0 +1,81 @@
+//! Non-blocking lookups of KV-cache blocks in secondary tiers.
+//!
+//! An LLM inference scheduler asks, every step and for every waiting
+//! request, how many leading blocks of the prompt already exist in a
+//! secondary tier (local disk, Redis, S3). A tier answers in micro- to
+//! milliseconds; the scheduler must not wait. [`AsyncLookupManager`] answers
+//! from state it owns ([`Hit`](LookupVerdict::Hit),
+//! [`Miss`](LookupVerdict::Miss) or [`Pending`](LookupVerdict::Pending)),
+//! batches new keys, and probes them on a background worker through the one
+//! trait a backend implements, [`Tier`].
+//!
+//! The design follows vLLM's `AsyncLookupManager` (generations, in-flight
+//! retention, enqueue-once, `mark_miss`) and fixes what its users hit:
+//! every tier call has a deadline, shutdown is bounded even when a tier
+//! hangs, each request's results are published as soon as its own call
+//! returns, a slow step does not hold back later ones, the backlog is
+//! bounded, and a failed probe is counted apart from a miss and retried.
+//! [`ledger`] documents the state machine.
+//!
+//! # Example
+//!
+//! ```
+//! use lookup_core::{AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext,
+//!                   Tier, TierError};
+//!
+//! // A tier: one method, one bool per key, in order.
+//! struct Evens;
+//! impl Tier for Evens {
+//!     async fn batch_lookup(&self, keys: &[OffloadKey], _: &ReqContext)
+//!         -> Result<Vec<bool>, TierError> {
+//!         Ok(keys.iter().map(|k| k.as_bytes()[0] % 2 == 0).collect())
+//!     }
+//! }
+//!
+//! let mut manager = AsyncLookupManager::new(Evens, ManagerConfig::named("evens"))?;
+//! let ctx = ReqContext::new("req-1");
+//! let prompt: Vec<OffloadKey> = [[0u8; 36], [2; 36], [3; 36], [4; 36]]
+//!     .iter().map(|k| OffloadKey::new(k)).collect();
+//!
+//! // The scheduler loop: look up, flush at the end of the step, repeat.
+//! let hits = loop {
+//!     match manager.lookup_prefix(&prompt, &ctx)? {
+//!         PrefixVerdict::Ready(n) => break n,
+//!         PrefixVerdict::Pending => {
+//!             manager.flush();
+//!             std::thread::sleep(std::time::Duration::from_millis(1));
+//!         }
+//!     }
+//! };
+//! assert_eq!(hits, 2); // [0], [2] exist; [3] does not, which ends the prefix
+//! manager.cleanup("req-1");
+//! manager.shutdown();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Crate features
+//!
+//! - `testkit`: [`testkit`], the conformance suite every tier crate runs.
+
+#![deny(missing_docs)]
+
+mod config;
+mod error;
+mod key;
+pub mod ledger;
+mod manager;
+mod stats;
+mod tier;
+mod worker;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use config::ManagerConfig;
+pub use error::{LookupError, ManagerError, TierError, TierErrorKind};
+pub use key::{INLINE_KEY_CAPACITY, OffloadKey, ReqContext};
+pub use ledger::{LookupVerdict, PrefixVerdict};
+pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
+pub use stats::{LatencySummary, ManagerStats};
+pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
+pub use worker::WakeHook;

@@ -1,0 +1,331 @@
+//! [`AsyncLookupManager`]: the scheduler's non-blocking view of one tier.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::config::ManagerConfig;
+use crate::error::{LookupError, ManagerError, TierError, TierErrorKind};
+use crate::key::{OffloadKey, ReqContext};
+use crate::ledger::{CallOutcome, LazyNow, Ledger, LookupVerdict, PrefixVerdict};
+use crate::stats::ManagerStats;
+use crate::tier::Tier;
+use crate::worker::{self, Finished, WakeHook, WorkerHandle};
+
+/// Answers "does this block exist in the tier?" without ever blocking the
+/// scheduler thread.
+///
+/// Owned by the scheduler (every method takes `&mut self`, so the reference
+/// design's "ownership instead of locks" is checked by the compiler). Tier
+/// calls run on a background worker thread; their results are applied here,
+/// on the scheduler thread, whenever any are waiting.
+///
+/// A step looks like this:
+///
+/// 1. `lookup` / `lookup_prefix` for each waiting request: answers from state
+///    ([`Hit`](LookupVerdict::Hit), [`Miss`](LookupVerdict::Miss) or
+///    [`Pending`](LookupVerdict::Pending)) and remembers new keys;
+/// 2. `flush` once, at the end of scheduling: hands the new keys to the
+///    worker, one tier call per request;
+/// 3. `cleanup(req_id)` when a request finishes; `mark_miss` when a load of a
+///    block reported present fails.
+///
+/// See [`Ledger`] for the state machine and its guarantees.
+///
+/// # Shutdown
+///
+/// [`shutdown`](Self::shutdown) is idempotent and returns within
+/// `shutdown_timeout_ms` even if a tier call hangs; dropping the manager
+/// calls it. After shutdown, `lookup` and `lookup_prefix` return
+/// [`LookupError::ShutDown`], `flush` does nothing, `cleanup` and
+/// `mark_miss` still update state, and `stats` still answers.
+pub struct AsyncLookupManager<T: Tier> {
+    ledger: Ledger,
+    tier: Arc<T>,
+    worker: WorkerHandle,
+    results: crossbeam_channel::Receiver<Finished>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    notify: Arc<Notify>,
+    shutdown_timeout: Duration,
+    shutdown: Option<ShutdownReport>,
+}
+
+/// What [`AsyncLookupManager::shutdown`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Whether the worker stopped within the shutdown timeout.
+    pub worker_stopped: bool,
+    /// Tier calls that had not answered; their keys resolved as errors.
+    pub abandoned_calls: usize,
+    /// How long shutdown took.
+    pub elapsed: Duration,
+}
+
+/// Waits for results, for a scheduler that runs on an async runtime.
+///
+/// Obtained from [`AsyncLookupManager::notifier`]. A result published while
+/// nobody waits is remembered, so a wake-up is never lost.
+#[derive(Debug, Clone)]
+pub struct ResultsNotifier(Arc<Notify>);
+
+impl ResultsNotifier {
+    /// Completes when a tier call has finished since the last wake-up.
+    ///
+    /// # Cancellation safety
+    /// Cancel-safe: dropping the future loses no wake-up.
+    pub async fn notified(&self) {
+        self.0.notified().await;
+    }
+}
+
+impl<T: Tier> AsyncLookupManager<T> {
+    /// Starts a manager for `tier`, with its worker thread.
+    ///
+    /// # Errors
+    /// [`ManagerError::InvalidConfig`] for a field out of range;
+    /// [`ManagerError::Spawn`] if the worker cannot start.
+    pub fn new(tier: T, config: ManagerConfig) -> Result<Self, ManagerError> {
+        Self::build(Arc::new(tier), config, None)
+    }
+
+    /// Like [`new`](Self::new), for a tier the caller keeps a handle on.
+    ///
+    /// # Errors
+    /// As for [`new`](Self::new).
+    pub fn from_arc(tier: Arc<T>, config: ManagerConfig) -> Result<Self, ManagerError> {
+        Self::build(tier, config, None)
+    }
+
+    /// Like [`from_arc`](Self::from_arc), calling `hook` on the worker
+    /// thread each time a result is published (keep it short: set a flag,
+    /// wake an event loop).
+    ///
+    /// # Errors
+    /// As for [`new`](Self::new).
+    pub fn with_wake_hook(
+        tier: Arc<T>,
+        config: ManagerConfig,
+        hook: impl Fn() + Send + Sync + 'static,
+    ) -> Result<Self, ManagerError> {
+        Self::build(tier, config, Some(Arc::new(hook) as WakeHook))
+    }
+
+    fn build(
+        tier: Arc<T>,
+        config: ManagerConfig,
+        hook: Option<WakeHook>,
+    ) -> Result<Self, ManagerError> {
+        config.validate()?;
+        let links = worker::spawn(Arc::clone(&tier), &config, hook)?;
+        Ok(Self {
+            ledger: Ledger::new(&config),
+            tier,
+            worker: links.handle,
+            results: links.results,
+            ready: links.ready,
+            notify: links.notify,
+            shutdown_timeout: config.shutdown_timeout(),
+            shutdown: None,
+        })
+    }
+
+    /// The tier, for stores and loads that bypass the lookup path.
+    pub fn tier(&self) -> &Arc<T> {
+        &self.tier
+    }
+
+    /// The tier's name from the configuration.
+    pub fn tier_name(&self) -> &str {
+        self.ledger.tier_name()
+    }
+
+    /// Answers whether `key` exists in the tier, for request `ctx`.
+    ///
+    /// Never blocks: returns [`Pending`](LookupVerdict::Pending) for a key
+    /// without an answer yet (new keys are submitted by the next
+    /// [`flush`](Self::flush)). Results that arrived since the last call are
+    /// applied first; checking for them costs one atomic load.
+    ///
+    /// # Errors
+    /// [`LookupError::InvalidKey`] for an empty or too long key;
+    /// [`LookupError::ShutDown`] after [`shutdown`](Self::shutdown).
+    #[inline]
+    pub fn lookup(
+        &mut self,
+        key: &OffloadKey,
+        ctx: &ReqContext,
+    ) -> Result<LookupVerdict, LookupError> {
+        self.before_lookup()?;
+        self.ledger.lookup(key, ctx, &mut LazyNow::new())
+    }
+
+    /// How many leading `keys` exist: vLLM's scan, where a resolved miss ends
+    /// the scan and an unresolved key before it makes the answer pending.
+    /// Every unresolved key up to the first known miss is submitted with the
+    /// next flush, so a prompt resolves in one round trip.
+    ///
+    /// # Errors
+    /// As for [`lookup`](Self::lookup).
+    pub fn lookup_prefix(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<PrefixVerdict, LookupError> {
+        self.before_lookup()?;
+        self.ledger.lookup_prefix(keys, ctx, &mut LazyNow::new())
+    }
+
+    #[inline]
+    fn before_lookup(&mut self) -> Result<(), LookupError> {
+        if self.ready.load(Ordering::Acquire) {
+            self.drain_results();
+        }
+        if self.shutdown.is_some() {
+            return Err(LookupError::ShutDown {
+                tier: self.ledger.tier_name().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Hands the keys looked up since the last flush to the worker, one tier
+    /// call per request, within the configured limits; the rest wait for
+    /// room without blocking. Call once per scheduler step. Also applies
+    /// waiting results and expires calls past their deadline.
+    pub fn flush(&mut self) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        self.apply_results(now);
+        self.ledger.flush(now);
+        self.start_calls(now);
+    }
+
+    /// Applies every result that has arrived, expires calls past their
+    /// deadline, and starts waiting calls if there is room. `lookup` does
+    /// this by itself when results are waiting; call it to make timeouts
+    /// visible between flushes.
+    pub fn drain_results(&mut self) {
+        let now = Instant::now();
+        self.apply_results(now);
+        if self.shutdown.is_none() {
+            self.start_calls(now);
+        }
+    }
+
+    fn apply_results(&mut self, now: Instant) {
+        self.ready.store(false, Ordering::Release);
+        while let Ok(finished) = self.results.try_recv() {
+            self.ledger
+                .complete(finished.id, finished.outcome, finished.elapsed, now);
+        }
+        self.ledger.expire(now);
+    }
+
+    fn start_calls(&mut self, now: Instant) {
+        while let Some(call) = self.ledger.next_call(now) {
+            if let Err(id) = self.worker.send(call) {
+                // The worker is gone: never leave keys pending forever.
+                self.ledger.complete(
+                    id,
+                    CallOutcome::Failed(TierError::new(
+                        TierErrorKind::Unavailable,
+                        "the lookup worker has stopped",
+                    )),
+                    Duration::ZERO,
+                    now,
+                );
+            }
+        }
+    }
+
+    /// Forces `keys` to miss after a failed load, so the scheduler stops
+    /// re-issuing it; a probe answer arriving later cannot undo this. Keys
+    /// without state are skipped.
+    pub fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
+        self.ledger.mark_miss(keys);
+    }
+
+    /// Releases request `req_id`'s references. Keys nobody references are
+    /// forgotten, except those in a running tier call: they stay until its
+    /// answer lands, so another request can share the probe.
+    pub fn cleanup(&mut self, req_id: &str) {
+        self.ledger.cleanup(req_id);
+    }
+
+    /// Counters and latency histograms.
+    pub fn stats(&self) -> ManagerStats {
+        self.ledger.stats()
+    }
+
+    /// Whether no key, request or call is tracked (after every request was
+    /// cleaned up and every answer applied).
+    pub fn is_idle(&self) -> bool {
+        self.ledger.is_empty()
+    }
+
+    /// The earliest deadline of a running tier call: a scheduler that sleeps
+    /// can wake then to see the timeout.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.ledger.next_deadline()
+    }
+
+    /// A handle an async scheduler can await for new results.
+    pub fn notifier(&self) -> ResultsNotifier {
+        ResultsNotifier(Arc::clone(&self.notify))
+    }
+
+    /// Stops the worker: running calls get half the shutdown timeout to
+    /// answer, then are abandoned (their keys resolve as errors); results
+    /// that arrived are applied. Returns within `shutdown_timeout_ms` plus
+    /// scheduling noise, whatever the tier does. Idempotent: later calls
+    /// return the first report.
+    pub fn shutdown(&mut self) -> ShutdownReport {
+        if let Some(report) = self.shutdown {
+            return report;
+        }
+        let started = Instant::now();
+        let worker_stopped = self.worker.stop(self.shutdown_timeout);
+        let now = Instant::now();
+        self.apply_results(now);
+        let abandoned_calls = self.ledger.running_calls();
+        self.ledger.abandon_running(now);
+        if !worker_stopped {
+            tracing::warn!(
+                tier = %self.ledger.tier_name(),
+                timeout_ms = self.shutdown_timeout.as_millis() as u64,
+                "lookup worker did not stop within the shutdown timeout; detached it"
+            );
+        }
+        let report = ShutdownReport {
+            worker_stopped,
+            abandoned_calls,
+            elapsed: started.elapsed(),
+        };
+        self.shutdown = Some(report);
+        report
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has run.
+    pub fn is_shut_down(&self) -> bool {
+        self.shutdown.is_some()
+    }
+}
+
+impl<T: Tier> Drop for AsyncLookupManager<T> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl<T: Tier> std::fmt::Debug for AsyncLookupManager<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncLookupManager")
+            .field("tier", &self.ledger.tier_name())
+            .field("shut_down", &self.shutdown.is_some())
+            .finish_non_exhaustive()
+    }
+}

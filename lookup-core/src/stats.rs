@@ -1,0 +1,116 @@
+//! Counters and latency histograms of a manager.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Percentiles of one latency histogram, in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Number of samples.
+    pub count: u64,
+    /// Median.
+    pub p50_us: u64,
+    /// 90th percentile.
+    pub p90_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// Largest sample.
+    pub max_us: u64,
+    /// Mean.
+    pub mean_us: f64,
+}
+
+/// A snapshot of a manager's counters; see [`AsyncLookupManager::stats`](crate::AsyncLookupManager::stats).
+///
+/// `hits`, `misses`, `errors` and `timeouts` count keys resolved by tier
+/// calls, each key once per probe. A key that failed is counted under
+/// `errors` or `timeouts`, never under `misses`, even though it answers
+/// miss to the scheduler.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ManagerStats {
+    /// The tier's name.
+    pub tier: String,
+    /// Keys asked for through `lookup` or `lookup_prefix`.
+    pub lookups: u64,
+    /// Keys the tier said exist.
+    pub hits: u64,
+    /// Keys the tier said do not exist.
+    pub misses: u64,
+    /// Keys whose tier call failed, panicked or answered the wrong number of results.
+    pub errors: u64,
+    /// Keys whose tier call exceeded its deadline.
+    pub timeouts: u64,
+    /// Keys forced to miss by `mark_miss`.
+    pub forced_misses: u64,
+    /// Results dropped because their key was cleaned up, re-probed or forced to miss meanwhile.
+    pub stale_results_dropped: u64,
+    /// Tier answers that arrived after their call's deadline and were discarded.
+    pub late_answers_dropped: u64,
+    /// New keys not tracked because the backlog was full (answered pending).
+    pub deferred: u64,
+    /// Tier calls started.
+    pub calls_started: u64,
+    /// Tier calls finished (answered, failed or timed out).
+    pub calls_finished: u64,
+    /// Keys with state in the manager now.
+    pub tracked_keys: usize,
+    /// Keys in tier calls now running.
+    pub in_flight_keys: usize,
+    /// Keys flushed and waiting for a tier call (or looked up and not yet flushed).
+    pub queued_keys: usize,
+    /// Requests with references now.
+    pub tracked_requests: usize,
+    /// Tier call duration.
+    pub tier_call_latency: LatencySummary,
+    /// Time from the flush that submitted a key to the lookup that first returned its verdict.
+    pub time_to_verdict: LatencySummary,
+}
+
+/// A microsecond histogram that never fails to record.
+#[derive(Debug, Clone)]
+pub(crate) struct LatencyHistogram(Histogram<u64>);
+
+impl LatencyHistogram {
+    /// Up to one hour, three significant digits.
+    const MAX_US: u64 = 3_600_000_000;
+
+    pub(crate) fn new() -> Self {
+        // The bounds are constants that hdrhistogram accepts; fall back to an
+        // auto-resizing histogram rather than panic if that ever changes.
+        let hist = Histogram::new_with_bounds(1, Self::MAX_US, 3)
+            .or_else(|_| Histogram::new(3))
+            .unwrap_or_else(|_| unreachable_histogram());
+        Self(hist)
+    }
+
+    pub(crate) fn record(&mut self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.0.saturating_record(us.clamp(1, Self::MAX_US));
+    }
+
+    pub(crate) fn summary(&self) -> LatencySummary {
+        let h = &self.0;
+        if h.is_empty() {
+            return LatencySummary::default();
+        }
+        LatencySummary {
+            count: h.len(),
+            p50_us: h.value_at_quantile(0.50),
+            p90_us: h.value_at_quantile(0.90),
+            p99_us: h.value_at_quantile(0.99),
+            max_us: h.max(),
+            mean_us: h.mean(),
+        }
+    }
+}
+
+#[cold]
+fn unreachable_histogram() -> Histogram<u64> {
+    // sigfig 1 with auto-resize is always accepted.
+    match Histogram::new(1) {
+        Ok(h) => h,
+        Err(e) => unreachable!("hdrhistogram rejected sigfig 1: {e}"),
+    }
+}

@@ -1,0 +1,282 @@
+//! The tier conformance suite: one set of tests, run by every tier crate.
+//!
+//! Each check is a plain `async fn` taking a [`TierFixture`], which wraps the
+//! tier under test and knows how to make keys exist. Checks panic (with a
+//! message naming the tier and the broken rule) when the tier breaks the
+//! [`Tier`] contract, as tests do. Keys are unique per process and call, so
+//! the suite can run against a shared server that keeps data between runs.
+//!
+//! ```text
+//! #[tokio::test]
+//! async fn conformance() {
+//!     let fixture = MyFixture::new().await;
+//!     lookup_core::testkit::run_all(&fixture).await;
+//! }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::{
+    AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, Tier, TierError,
+};
+
+/// A tier under test plus the means to put keys in it and take them out.
+pub trait TierFixture: Send + Sync {
+    /// The tier type.
+    type Tier: Tier;
+
+    /// A handle on the tier under test.
+    fn tier(&self) -> Arc<Self::Tier>;
+
+    /// Makes `keys` exist in the tier (store a small payload for each).
+    fn insert(&self, keys: &[OffloadKey]) -> impl Future<Output = Result<(), TierError>> + Send;
+
+    /// Makes `keys` absent from the tier.
+    fn remove(&self, keys: &[OffloadKey]) -> impl Future<Output = Result<(), TierError>> + Send;
+
+    /// The key length the tier accepts. Default 36 (vLLM's).
+    fn key_len(&self) -> usize {
+        36
+    }
+
+    /// A name for messages.
+    fn name(&self) -> String {
+        std::any::type_name::<Self::Tier>().to_owned()
+    }
+}
+
+static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
+
+/// `n` keys of `len` bytes (at least 16), never produced before by this
+/// process or, with overwhelming likelihood, by another run.
+pub fn unique_keys(n: usize, len: usize) -> Vec<OffloadKey> {
+    let run = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ (u64::from(std::process::id()) << 32);
+    let first = NEXT_KEY.fetch_add(n as u64, Ordering::Relaxed);
+    (0..n as u64)
+        .map(|i| {
+            let mut bytes = vec![0u8; len.max(16)];
+            bytes[..8].copy_from_slice(&run.to_be_bytes());
+            bytes[8..16].copy_from_slice(&(first + i).to_be_bytes());
+            OffloadKey::new(&bytes)
+        })
+        .collect()
+}
+
+fn ctx(name: &str) -> ReqContext {
+    ReqContext::new(format!("conformance-{name}"))
+}
+
+async fn ask<F: TierFixture>(fixture: &F, keys: &[OffloadKey], what: &str) -> Vec<bool> {
+    let tier = fixture.tier();
+    match tier.batch_lookup(keys, &ctx(what)).await {
+        Ok(found) => {
+            assert_eq!(
+                found.len(),
+                keys.len(),
+                "{}: {what}: batch_lookup must answer one bool per key",
+                fixture.name()
+            );
+            found
+        }
+        Err(err) => panic!("{}: {what}: batch_lookup failed: {err}", fixture.name()),
+    }
+}
+
+async fn insert<F: TierFixture>(fixture: &F, keys: &[OffloadKey]) {
+    if let Err(err) = fixture.insert(keys).await {
+        panic!("{}: inserting {} keys failed: {err}", fixture.name(), keys.len());
+    }
+}
+
+/// An empty batch answers an empty vector.
+pub async fn empty_batch<F: TierFixture>(fixture: &F) {
+    assert!(ask(fixture, &[], "empty batch").await.is_empty());
+}
+
+/// Keys never stored answer `false` (not an error).
+pub async fn absent_keys_are_misses<F: TierFixture>(fixture: &F) {
+    let keys = unique_keys(16, fixture.key_len());
+    let found = ask(fixture, &keys, "absent keys").await;
+    assert!(
+        found.iter().all(|&f| !f),
+        "{}: keys never stored must answer false",
+        fixture.name()
+    );
+}
+
+/// Answers follow the order of the keys, present and absent interleaved.
+pub async fn answers_follow_key_order<F: TierFixture>(fixture: &F) {
+    let keys = unique_keys(32, fixture.key_len());
+    let present: Vec<OffloadKey> = keys.iter().step_by(3).cloned().collect();
+    insert(fixture, &present).await;
+    let found = ask(fixture, &keys, "key order").await;
+    let expected: Vec<bool> = (0..keys.len()).map(|i| i % 3 == 0).collect();
+    assert_eq!(found, expected, "{}: answers must follow key order", fixture.name());
+}
+
+/// A key repeated in one batch is answered at every position.
+pub async fn duplicates_are_answered_each_time<F: TierFixture>(fixture: &F) {
+    let keys = unique_keys(2, fixture.key_len());
+    insert(fixture, &keys[..1]).await;
+    let batch = [
+        keys[0].clone(),
+        keys[1].clone(),
+        keys[0].clone(),
+        keys[1].clone(),
+    ];
+    let found = ask(fixture, &batch, "duplicates").await;
+    assert_eq!(found, [true, false, true, false], "{}: duplicates", fixture.name());
+}
+
+/// A removed key answers `false` again.
+pub async fn removed_keys_are_misses<F: TierFixture>(fixture: &F) {
+    let keys = unique_keys(4, fixture.key_len());
+    insert(fixture, &keys).await;
+    assert!(ask(fixture, &keys, "before removal").await.iter().all(|&f| f));
+    if let Err(err) = fixture.remove(&keys[..2]).await {
+        panic!("{}: removing keys failed: {err}", fixture.name());
+    }
+    let found = ask(fixture, &keys, "after removal").await;
+    assert_eq!(found, [false, false, true, true], "{}: removal", fixture.name());
+}
+
+/// A batch of `n` keys, one in three present, is answered exactly.
+pub async fn large_batch<F: TierFixture>(fixture: &F, n: usize) {
+    let keys = unique_keys(n, fixture.key_len());
+    let present: Vec<OffloadKey> = keys.iter().step_by(3).cloned().collect();
+    insert(fixture, &present).await;
+    let found = ask(fixture, &keys, "large batch").await;
+    let wrong = found
+        .iter()
+        .enumerate()
+        .filter(|&(i, &f)| f != (i % 3 == 0))
+        .count();
+    assert_eq!(wrong, 0, "{}: {wrong} wrong answers in a batch of {n}", fixture.name());
+}
+
+/// Several batches at once are each answered exactly.
+pub async fn concurrent_batches<F: TierFixture>(fixture: &F) {
+    let keys = unique_keys(8 * 16, fixture.key_len());
+    let present: Vec<OffloadKey> = keys.iter().step_by(2).cloned().collect();
+    insert(fixture, &present).await;
+    let tier = fixture.tier();
+    let mut calls = Vec::new();
+    for (i, chunk) in keys.chunks(16).enumerate() {
+        let tier = Arc::clone(&tier);
+        let chunk = chunk.to_vec();
+        let ctx = ctx(&format!("concurrent-{i}"));
+        calls.push(async move { tier.batch_lookup(&chunk, &ctx).await });
+    }
+    // Run them together on the caller's runtime.
+    let results = join_all(calls).await;
+    for (i, result) in results.into_iter().enumerate() {
+        let found = match result {
+            Ok(found) => found,
+            Err(err) => panic!("{}: concurrent batch {i} failed: {err}", fixture.name()),
+        };
+        let expected: Vec<bool> = (0..16).map(|j| (i * 16 + j) % 2 == 0).collect();
+        assert_eq!(found, expected, "{}: concurrent batch {i}", fixture.name());
+    }
+}
+
+async fn join_all<Fut: Future>(futures: Vec<Fut>) -> Vec<Fut::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<Fut::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all_done = true;
+        for (fut, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => all_done = false,
+                }
+            }
+        }
+        if all_done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+/// The tier behind a real [`AsyncLookupManager`]: prompts sharing a prefix,
+/// resolved through `lookup_prefix` and `flush`, match the truth, and the
+/// manager is idle once every request is cleaned up.
+pub async fn through_manager<F: TierFixture>(fixture: &F) {
+    let len = fixture.key_len();
+    let shared = unique_keys(8, len);
+    insert(fixture, &shared[..6]).await;
+    let mut prompts = Vec::new();
+    for i in 0..4 {
+        let mut prompt = shared.clone();
+        let own = unique_keys(4, len);
+        if i % 2 == 0 {
+            insert(fixture, &own).await;
+        }
+        prompt.splice(6..6, own);
+        prompts.push(prompt);
+    }
+    // shared[0..6] present, then 4 own keys (present for even requests), then
+    // shared[6..8] absent: even requests see 10 hits, odd ones 6.
+    let mut config = ManagerConfig::named("conformance");
+    config.max_key_len = len.max(1);
+    config.call_timeout_ms = 10_000;
+    let mut manager = match AsyncLookupManager::from_arc(fixture.tier(), config) {
+        Ok(m) => m,
+        Err(err) => panic!("{}: starting a manager failed: {err}", fixture.name()),
+    };
+    let contexts: Vec<ReqContext> = (0..prompts.len()).map(|i| ctx(&format!("req-{i}"))).collect();
+    let mut answers = vec![None; prompts.len()];
+    let started = Instant::now();
+    while answers.iter().any(Option::is_none) {
+        for (i, prompt) in prompts.iter().enumerate() {
+            if answers[i].is_some() {
+                continue;
+            }
+            match manager.lookup_prefix(prompt, &contexts[i]) {
+                Ok(PrefixVerdict::Ready(n)) => answers[i] = Some(n),
+                Ok(PrefixVerdict::Pending) => {}
+                Err(err) => panic!("{}: lookup_prefix failed: {err}", fixture.name()),
+            }
+        }
+        manager.flush();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{}: manager did not resolve prompts within 30 s",
+            fixture.name()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let answers: Vec<usize> = answers.into_iter().flatten().collect();
+    assert_eq!(answers, [10, 6, 10, 6], "{}: prefix answers", fixture.name());
+    let stats = manager.stats();
+    assert_eq!(stats.errors + stats.timeouts, 0, "{}: {stats:?}", fixture.name());
+    for c in &contexts {
+        manager.cleanup(c.req_id());
+    }
+    manager.drain_results();
+    assert!(manager.is_idle(), "{}: state left after cleanup", fixture.name());
+    let report = manager.shutdown();
+    assert!(report.worker_stopped, "{}: worker did not stop", fixture.name());
+}
+
+/// Every check above, in turn.
+pub async fn run_all<F: TierFixture>(fixture: &F) {
+    empty_batch(fixture).await;
+    absent_keys_are_misses(fixture).await;
+    answers_follow_key_order(fixture).await;
+    duplicates_are_answered_each_time(fixture).await;
+    removed_keys_are_misses(fixture).await;
+    large_batch(fixture, 2_000).await;
+    concurrent_batches(fixture).await;
+    through_manager(fixture).await;
+}
