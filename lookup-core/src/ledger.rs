@@ -352,7 +352,9 @@ impl Ledger {
         let verdict = match state.phase {
             Phase::Present => LookupVerdict::Hit,
             Phase::Absent | Phase::ForcedMiss => LookupVerdict::Miss,
-            Phase::Unsubmitted | Phase::Queued | Phase::InFlight => return Ok(LookupVerdict::Pending),
+            Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
+                return Ok(LookupVerdict::Pending);
+            }
             Phase::Failed { retry_at } => {
                 if now.get() < retry_at {
                     LookupVerdict::Miss

@@ -90,7 +90,11 @@ async fn ask<F: TierFixture>(fixture: &F, keys: &[OffloadKey], what: &str) -> Ve
 
 async fn insert<F: TierFixture>(fixture: &F, keys: &[OffloadKey]) {
     if let Err(err) = fixture.insert(keys).await {
-        panic!("{}: inserting {} keys failed: {err}", fixture.name(), keys.len());
+        panic!(
+            "{}: inserting {} keys failed: {err}",
+            fixture.name(),
+            keys.len()
+        );
     }
 }
 
@@ -117,7 +121,12 @@ pub async fn answers_follow_key_order<F: TierFixture>(fixture: &F) {
     insert(fixture, &present).await;
     let found = ask(fixture, &keys, "key order").await;
     let expected: Vec<bool> = (0..keys.len()).map(|i| i % 3 == 0).collect();
-    assert_eq!(found, expected, "{}: answers must follow key order", fixture.name());
+    assert_eq!(
+        found,
+        expected,
+        "{}: answers must follow key order",
+        fixture.name()
+    );
 }
 
 /// A key repeated in one batch is answered at every position.
@@ -131,19 +140,34 @@ pub async fn duplicates_are_answered_each_time<F: TierFixture>(fixture: &F) {
         keys[1].clone(),
     ];
     let found = ask(fixture, &batch, "duplicates").await;
-    assert_eq!(found, [true, false, true, false], "{}: duplicates", fixture.name());
+    assert_eq!(
+        found,
+        [true, false, true, false],
+        "{}: duplicates",
+        fixture.name()
+    );
 }
 
 /// A removed key answers `false` again.
 pub async fn removed_keys_are_misses<F: TierFixture>(fixture: &F) {
     let keys = unique_keys(4, fixture.key_len());
     insert(fixture, &keys).await;
-    assert!(ask(fixture, &keys, "before removal").await.iter().all(|&f| f));
+    assert!(
+        ask(fixture, &keys, "before removal")
+            .await
+            .iter()
+            .all(|&f| f)
+    );
     if let Err(err) = fixture.remove(&keys[..2]).await {
         panic!("{}: removing keys failed: {err}", fixture.name());
     }
     let found = ask(fixture, &keys, "after removal").await;
-    assert_eq!(found, [false, false, true, true], "{}: removal", fixture.name());
+    assert_eq!(
+        found,
+        [false, false, true, true],
+        "{}: removal",
+        fixture.name()
+    );
 }
 
 /// A batch of `n` keys, one in three present, is answered exactly.
@@ -157,7 +181,12 @@ pub async fn large_batch<F: TierFixture>(fixture: &F, n: usize) {
         .enumerate()
         .filter(|&(i, &f)| f != (i % 3 == 0))
         .count();
-    assert_eq!(wrong, 0, "{}: {wrong} wrong answers in a batch of {n}", fixture.name());
+    assert_eq!(
+        wrong,
+        0,
+        "{}: {wrong} wrong answers in a batch of {n}",
+        fixture.name()
+    );
 }
 
 /// Several batches at once are each answered exactly.
@@ -234,7 +263,9 @@ pub async fn through_manager<F: TierFixture>(fixture: &F) {
         Ok(m) => m,
         Err(err) => panic!("{}: starting a manager failed: {err}", fixture.name()),
     };
-    let contexts: Vec<ReqContext> = (0..prompts.len()).map(|i| ctx(&format!("req-{i}"))).collect();
+    let contexts: Vec<ReqContext> = (0..prompts.len())
+        .map(|i| ctx(&format!("req-{i}")))
+        .collect();
     let mut answers = vec![None; prompts.len()];
     let started = Instant::now();
     while answers.iter().any(Option::is_none) {
@@ -257,16 +288,34 @@ pub async fn through_manager<F: TierFixture>(fixture: &F) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let answers: Vec<usize> = answers.into_iter().flatten().collect();
-    assert_eq!(answers, [10, 6, 10, 6], "{}: prefix answers", fixture.name());
+    assert_eq!(
+        answers,
+        [10, 6, 10, 6],
+        "{}: prefix answers",
+        fixture.name()
+    );
     let stats = manager.stats();
-    assert_eq!(stats.errors + stats.timeouts, 0, "{}: {stats:?}", fixture.name());
+    assert_eq!(
+        stats.errors + stats.timeouts,
+        0,
+        "{}: {stats:?}",
+        fixture.name()
+    );
     for c in &contexts {
         manager.cleanup(c.req_id());
     }
     manager.drain_results();
-    assert!(manager.is_idle(), "{}: state left after cleanup", fixture.name());
+    assert!(
+        manager.is_idle(),
+        "{}: state left after cleanup",
+        fixture.name()
+    );
     let report = manager.shutdown();
-    assert!(report.worker_stopped, "{}: worker did not stop", fixture.name());
+    assert!(
+        report.worker_stopped,
+        "{}: worker did not stop",
+        fixture.name()
+    );
 }
 
 /// Every check above, in turn.

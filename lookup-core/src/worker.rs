@@ -193,9 +193,8 @@ async fn run_call<T: Tier>(
     let ctx = call.ctx.clone();
     // A task of its own, so a panic in the tier is caught as a JoinError and
     // a timeout can abort it.
-    let mut task = tokio::spawn(
-        async move { tier.batch_lookup(&keys, &ctx).await }.instrument(span.clone()),
-    );
+    let mut task =
+        tokio::spawn(async move { tier.batch_lookup(&keys, &ctx).await }.instrument(span.clone()));
     let outcome = match tokio::time::timeout_at(call.deadline.into(), &mut task).await {
         Ok(Ok(Ok(found))) => CallOutcome::Answered(found),
         Ok(Ok(Err(err))) => CallOutcome::Failed(err),

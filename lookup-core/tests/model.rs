@@ -1,0 +1,360 @@
+//! Model-based property test of the lookup state machine.
+//!
+//! Random interleavings of lookup, lookup_prefix, flush, call starts, answer
+//! delivery in any order (correct, failed, short, late after the deadline),
+//! deadline expiry, cleanup, mark_miss and changes of the tier's truth drive
+//! the real [`Ledger`] and a deliberately naive model side by side. After
+//! every step:
+//! - every verdict equals the model's: the tier's truth when the probe was
+//!   answered, a miss after mark_miss, a miss during a failure's back-off;
+//! - no key is sent twice for one probe (enqueue once);
+//! - the number of tracked keys agrees.
+//!
+//! At the end every request is cleaned up and every call answered: the
+//! ledger must then be empty.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use lookup_core::ledger::{CallId, CallOutcome, LazyNow, Ledger, TierCall};
+use lookup_core::{
+    LookupVerdict, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, TierError, TierErrorKind,
+};
+use proptest::prelude::*;
+
+const KEYS: u8 = 6;
+const REQS: u8 = 3;
+const TIMEOUT_MS: u64 = 100;
+const BACKOFF_MS: u64 = 50;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Lookup { req: u8, key: u8 },
+    Prefix { req: u8, start: u8, len: u8 },
+    Flush,
+    StartCalls,
+    Deliver { pick: usize, how: Answer },
+    Advance { ms: u64 },
+    Cleanup { req: u8 },
+    MarkMiss { key: u8 },
+    SetTruth { key: u8, present: bool },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Correct,
+    Failed,
+    Short,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..REQS, 0..KEYS).prop_map(|(req, key)| Op::Lookup { req, key }),
+        3 => (0..REQS, 0..KEYS, 1..=KEYS).prop_map(|(req, start, len)| Op::Prefix { req, start, len }),
+        3 => Just(Op::Flush),
+        3 => Just(Op::StartCalls),
+        5 => (any::<usize>(), prop_oneof![6 => Just(Answer::Correct), 1 => Just(Answer::Failed), 1 => Just(Answer::Short)])
+            .prop_map(|(pick, how)| Op::Deliver { pick, how }),
+        2 => (0..=2 * TIMEOUT_MS).prop_map(|ms| Op::Advance { ms }),
+        2 => (0..REQS).prop_map(|req| Op::Cleanup { req }),
+        1 => (0..KEYS).prop_map(|key| Op::MarkMiss { key }),
+        2 => (0..KEYS, any::<bool>()).prop_map(|(key, present)| Op::SetTruth { key, present }),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MPhase {
+    /// Not yet answered; `call` says whether a call carries it.
+    Waiting,
+    Present,
+    Absent,
+    Forced,
+    Failed {
+        retry_at: Instant,
+    },
+}
+
+#[derive(Debug)]
+struct MKey {
+    refs: HashSet<u8>,
+    phase: MPhase,
+    call: Option<CallId>,
+}
+
+/// The naive model: per key, who refers to it and what it answers.
+#[derive(Debug, Default)]
+struct Model {
+    keys: HashMap<u8, MKey>,
+}
+
+impl Model {
+    fn lookup(&mut self, req: u8, key: u8, now: Instant) -> LookupVerdict {
+        let entry = self.keys.entry(key).or_insert_with(|| MKey {
+            refs: HashSet::new(),
+            phase: MPhase::Waiting,
+            call: None,
+        });
+        entry.refs.insert(req);
+        match entry.phase {
+            MPhase::Waiting => LookupVerdict::Pending,
+            MPhase::Present => LookupVerdict::Hit,
+            MPhase::Absent | MPhase::Forced => LookupVerdict::Miss,
+            MPhase::Failed { retry_at } if now < retry_at => LookupVerdict::Miss,
+            MPhase::Failed { .. } => {
+                entry.phase = MPhase::Waiting;
+                entry.call = None;
+                LookupVerdict::Pending
+            }
+        }
+    }
+
+    fn prefix(&mut self, req: u8, keys: &[u8], now: Instant) -> PrefixVerdict {
+        let (mut hits, mut pending) = (0, false);
+        for &k in keys {
+            match self.lookup(req, k, now) {
+                LookupVerdict::Hit => hits += 1,
+                LookupVerdict::Miss => break,
+                LookupVerdict::Pending => pending = true,
+            }
+        }
+        if pending {
+            PrefixVerdict::Pending
+        } else {
+            PrefixVerdict::Ready(hits)
+        }
+    }
+
+    /// Applies `phase` to `key` if `call` is still its probe.
+    fn resolve(&mut self, key: u8, call: CallId, phase: MPhase) {
+        let Some(entry) = self.keys.get_mut(&key) else {
+            return;
+        };
+        if entry.call != Some(call) || entry.phase != MPhase::Waiting {
+            return;
+        }
+        entry.call = None;
+        if entry.refs.is_empty() {
+            self.keys.remove(&key);
+        } else {
+            entry.phase = phase;
+        }
+    }
+
+    fn cleanup(&mut self, req: u8) {
+        self.keys.retain(|_, entry| {
+            entry.refs.remove(&req);
+            let in_flight = entry.phase == MPhase::Waiting && entry.call.is_some();
+            !entry.refs.is_empty() || in_flight
+        });
+    }
+}
+
+struct Harness {
+    ledger: Ledger,
+    model: Model,
+    truth: [bool; KEYS as usize],
+    now: Instant,
+    /// Calls started and not yet delivered (an expired call stays, to be delivered late).
+    calls: Vec<TierCall>,
+    /// Call id → its keys, as model ids.
+    call_keys: HashMap<CallId, Vec<u8>>,
+    expired: HashSet<CallId>,
+    ctxs: Vec<ReqContext>,
+    keys: Vec<OffloadKey>,
+}
+
+fn key_id(key: &OffloadKey) -> u8 {
+    key.as_bytes()[0]
+}
+
+impl Harness {
+    fn new() -> Self {
+        let cfg = ManagerConfig {
+            call_timeout_ms: TIMEOUT_MS,
+            failure_backoff_ms: BACKOFF_MS,
+            max_calls_in_flight: 2,
+            max_steps_in_flight: 2,
+            max_keys_per_call: 3,
+            max_queued_keys: 10_000,
+            ..ManagerConfig::named("model")
+        };
+        Self {
+            ledger: Ledger::new(&cfg),
+            model: Model::default(),
+            truth: [false; KEYS as usize],
+            now: Instant::now(),
+            calls: Vec::new(),
+            call_keys: HashMap::new(),
+            expired: HashSet::new(),
+            ctxs: (0..REQS)
+                .map(|r| ReqContext::new(format!("req-{r}")))
+                .collect(),
+            keys: (0..KEYS).map(|k| OffloadKey::new(&[k; 36])).collect(),
+        }
+    }
+
+    fn start_calls(&mut self) -> Result<(), TestCaseError> {
+        while let Some(call) = self.ledger.next_call(self.now) {
+            let ids: Vec<u8> = call.keys.iter().map(key_id).collect();
+            for &k in &ids {
+                let entry = self.model.keys.get_mut(&k);
+                prop_assert!(entry.is_some(), "sent a key nobody tracks: {k}");
+                let entry = entry.unwrap();
+                prop_assert_eq!(entry.phase, MPhase::Waiting, "sent a resolved key {}", k);
+                prop_assert!(entry.call.is_none(), "key {} sent twice for one probe", k);
+                entry.call = Some(call.id);
+            }
+            prop_assert_eq!(call.deadline, self.now + Duration::from_millis(TIMEOUT_MS));
+            self.call_keys.insert(call.id, ids);
+            self.calls.push(call);
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, pick: usize, how: Answer) {
+        if self.calls.is_empty() {
+            return;
+        }
+        let call = self.calls.remove(pick % self.calls.len());
+        let ids = self.call_keys.remove(&call.id).unwrap_or_default();
+        let truth: Vec<bool> = ids.iter().map(|&k| self.truth[usize::from(k)]).collect();
+        let outcome = match how {
+            Answer::Correct => CallOutcome::Answered(truth.clone()),
+            Answer::Short => CallOutcome::Answered(truth[..truth.len() - 1].to_vec()),
+            Answer::Failed => {
+                CallOutcome::Failed(TierError::new(TierErrorKind::Unavailable, "injected"))
+            }
+        };
+        self.ledger
+            .complete(call.id, outcome, Duration::from_micros(10), self.now);
+        if self.expired.remove(&call.id) {
+            return; // a late answer: the model already resolved it as a timeout
+        }
+        let retry_at = self.now + Duration::from_millis(BACKOFF_MS);
+        for (&k, &present) in ids.iter().zip(&truth) {
+            let phase = match how {
+                Answer::Correct if present => MPhase::Present,
+                Answer::Correct => MPhase::Absent,
+                _ => MPhase::Failed { retry_at },
+            };
+            self.model.resolve(k, call.id, phase);
+        }
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.now += Duration::from_millis(ms);
+        self.ledger.expire(self.now);
+        let retry_at = self.now + Duration::from_millis(BACKOFF_MS);
+        for call in &self.calls {
+            if call.deadline <= self.now && self.expired.insert(call.id) {
+                for &k in &self.call_keys[&call.id] {
+                    self.model.resolve(k, call.id, MPhase::Failed { retry_at });
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match *op {
+            Op::Lookup { req, key } => {
+                let got = self.ledger.lookup(
+                    &self.keys[usize::from(key)],
+                    &self.ctxs[usize::from(req)],
+                    &mut LazyNow::at(self.now),
+                );
+                let want = self.model.lookup(req, key, self.now);
+                prop_assert_eq!(got, Ok(want), "lookup req {} key {}", req, key);
+            }
+            Op::Prefix { req, start, len } => {
+                let ids: Vec<u8> = (start..(start + len).min(KEYS)).collect();
+                let keys: Vec<OffloadKey> = ids
+                    .iter()
+                    .map(|&k| self.keys[usize::from(k)].clone())
+                    .collect();
+                let got = self.ledger.lookup_prefix(
+                    &keys,
+                    &self.ctxs[usize::from(req)],
+                    &mut LazyNow::at(self.now),
+                );
+                let want = self.model.prefix(req, &ids, self.now);
+                prop_assert_eq!(got, Ok(want), "prefix req {} keys {:?}", req, ids);
+            }
+            Op::Flush => self.ledger.flush(self.now),
+            Op::StartCalls => self.start_calls()?,
+            Op::Deliver { pick, how } => self.deliver(pick, how),
+            Op::Advance { ms } => self.advance(ms),
+            Op::Cleanup { req } => {
+                self.ledger.cleanup(self.ctxs[usize::from(req)].req_id());
+                self.model.cleanup(req);
+            }
+            Op::MarkMiss { key } => {
+                self.ledger.mark_miss([&self.keys[usize::from(key)]]);
+                if let Some(entry) = self.model.keys.get_mut(&key) {
+                    entry.phase = MPhase::Forced;
+                }
+            }
+            Op::SetTruth { key, present } => self.truth[usize::from(key)] = present,
+        }
+        prop_assert_eq!(
+            self.ledger.stats().tracked_keys,
+            self.model.keys.len(),
+            "tracked keys after {:?}",
+            op
+        );
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { max_shrink_iters: 4096, ..ProptestConfig::default() })]
+
+    #[test]
+    fn ledger_matches_the_model(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut h = Harness::new();
+        for op in &ops {
+            h.apply(op)?;
+        }
+        // Wind down: every request finishes, every call is answered.
+        for req in 0..REQS {
+            h.apply(&Op::Cleanup { req })?;
+        }
+        for _ in 0..64 {
+            h.apply(&Op::Flush)?;
+            h.apply(&Op::StartCalls)?;
+            if h.calls.is_empty() {
+                break;
+            }
+            h.apply(&Op::Deliver { pick: 0, how: Answer::Correct })?;
+        }
+        prop_assert!(h.calls.is_empty());
+        prop_assert!(h.ledger.is_empty(), "state left: {:?}", h.ledger.stats());
+        prop_assert!(h.model.keys.is_empty());
+    }
+
+    /// Once every key of every request has been flushed and answered, every
+    /// request sees a verdict: nothing stays pending forever.
+    #[test]
+    fn every_flushed_key_gets_a_verdict(
+        asks in proptest::collection::vec((0..REQS, 0..KEYS), 1..40),
+        answers in proptest::collection::vec(prop_oneof![Just(Answer::Correct), Just(Answer::Failed), Just(Answer::Short)], 64),
+    ) {
+        let mut h = Harness::new();
+        for &(req, key) in &asks {
+            h.apply(&Op::Lookup { req, key })?;
+        }
+        let mut i = 0;
+        loop {
+            h.apply(&Op::Flush)?;
+            h.apply(&Op::StartCalls)?;
+            if h.calls.is_empty() {
+                break;
+            }
+            h.apply(&Op::Deliver { pick: i, how: answers[i % answers.len()] })?;
+            i += 1;
+        }
+        for &(req, key) in &asks {
+            let v = h.ledger.lookup(&h.keys[usize::from(key)], &h.ctxs[usize::from(req)], &mut LazyNow::at(h.now));
+            prop_assert_ne!(v, Ok(LookupVerdict::Pending));
+        }
+    }
+}
