@@ -1,9 +1,8 @@
 //! Keys and request contexts: the two values every lookup carries.
 
-use std::borrow::Borrow;
 use std::fmt;
-use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::sync::{Arc, OnceLock};
 
 /// Bytes stored inline, without a heap allocation.
 ///
@@ -18,11 +17,28 @@ pub const INLINE_KEY_CAPACITY: usize = 38;
 /// ordering and hashing look only at the bytes, so two keys built from the
 /// same bytes are interchangeable whatever their representation.
 ///
+/// A key carries a 64-bit hash of its bytes, computed once when it is built
+/// with a seed chosen at random per process: a key is built once per block
+/// and looked up many times, and the manager's maps use that hash as is
+/// instead of hashing the bytes again at every step. The hash is not stable
+/// across processes; a persistent index must hash the bytes itself.
+///
 /// Length limits are a property of the manager or the tier, not of the key:
 /// [`AsyncLookupManager`](crate::AsyncLookupManager) rejects keys longer than
 /// its configured maximum with [`LookupError::InvalidKey`](crate::LookupError::InvalidKey).
 #[derive(Clone)]
-pub struct OffloadKey(Repr);
+pub struct OffloadKey {
+    hash: u64,
+    repr: Repr,
+}
+
+fn process_hasher() -> &'static foldhash::quality::FixedState {
+    static STATE: OnceLock<foldhash::quality::FixedState> = OnceLock::new();
+    STATE.get_or_init(|| {
+        let seed = foldhash::quality::RandomState::default().hash_one(0x6b76_7469_6572_u64);
+        foldhash::quality::FixedState::with_seed(seed)
+    })
+}
 
 #[derive(Clone)]
 enum Repr {
@@ -36,17 +52,19 @@ enum Repr {
 impl OffloadKey {
     /// Builds a key from its bytes.
     pub fn new(bytes: &[u8]) -> Self {
-        if bytes.len() <= INLINE_KEY_CAPACITY {
+        let hash = process_hasher().hash_one(bytes);
+        let repr = if bytes.len() <= INLINE_KEY_CAPACITY {
             let mut inline = [0u8; INLINE_KEY_CAPACITY];
             inline[..bytes.len()].copy_from_slice(bytes);
             // The cast cannot truncate: len <= INLINE_KEY_CAPACITY < 256.
-            Self(Repr::Inline {
+            Repr::Inline {
                 len: bytes.len() as u8,
                 bytes: inline,
-            })
+            }
         } else {
-            Self(Repr::Shared(Arc::from(bytes)))
-        }
+            Repr::Shared(Arc::from(bytes))
+        };
+        Self { hash, repr }
     }
 
     /// vLLM's layout: a block hash followed by the 4-byte big-endian group index.
@@ -60,7 +78,7 @@ impl OffloadKey {
     /// The key's bytes.
     #[inline]
     pub fn as_bytes(&self) -> &[u8] {
-        match &self.0 {
+        match &self.repr {
             Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
             Repr::Shared(bytes) => bytes,
         }
@@ -93,7 +111,7 @@ impl OffloadKey {
 impl PartialEq for OffloadKey {
     #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
+        self.hash == other.hash && self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -114,16 +132,44 @@ impl Ord for OffloadKey {
 impl Hash for OffloadKey {
     #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {
-        // Must hash exactly like `[u8]` so that `Borrow<[u8]>` lookups work.
-        self.as_bytes().hash(state);
+        state.write_u64(self.hash);
     }
 }
 
-impl Borrow<[u8]> for OffloadKey {
-    fn borrow(&self) -> &[u8] {
-        self.as_bytes()
+/// A hasher for maps keyed by [`OffloadKey`]: passes the key's precomputed
+/// hash through instead of hashing again.
+///
+/// Other types written to it are folded in with FNV-1a, so it stays correct
+/// (if slower) for any key type.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrehashedHasher(u64);
+
+impl Hasher for PrehashedHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = if self.0 == 0 {
+            hash
+        } else {
+            (self.0 ^ hash).wrapping_mul(0x100_0000_01b3)
+        };
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = self.0 ^ 0xcbf2_9ce4_8422_2325;
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        self.0 = h;
     }
 }
+
+/// Builds [`PrehashedHasher`]s; the hasher of the manager's key maps.
+pub type BuildPrehashed = BuildHasherDefault<PrehashedHasher>;
 
 impl AsRef<[u8]> for OffloadKey {
     fn as_ref(&self) -> &[u8] {
@@ -236,11 +282,12 @@ mod tests {
         assert_eq!(long.len(), 100);
         assert_eq!(short, OffloadKey::from([7u8; 36]));
         assert_ne!(short, long);
-        let mut map = HashMap::new();
+        let mut map: HashMap<OffloadKey, i32, BuildPrehashed> = HashMap::default();
         map.insert(long.clone(), 1);
         map.insert(short.clone(), 2);
-        assert_eq!(map.get(&[7u8; 100][..]), Some(&1));
-        assert_eq!(map.get(short.as_bytes()), Some(&2));
+        assert_eq!(map.get(&OffloadKey::new(&[7u8; 100])), Some(&1));
+        assert_eq!(map.get(&OffloadKey::new(short.as_bytes())), Some(&2));
+        assert_eq!(map.get(&OffloadKey::new(&[8u8; 36])), None);
     }
 
     #[test]
@@ -254,6 +301,6 @@ mod tests {
 
     #[test]
     fn key_is_small() {
-        assert!(std::mem::size_of::<OffloadKey>() <= 40);
+        assert!(std::mem::size_of::<OffloadKey>() <= 48);
     }
 }

@@ -40,17 +40,18 @@
 //! - **`mark_miss` wins.** After a failed load the scheduler forces a miss;
 //!   no later answer can turn it back into a hit (the livelock of vLLM #49176).
 
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::ManagerConfig;
 use crate::error::{LookupError, TierError, TierErrorKind};
-use crate::key::{OffloadKey, ReqContext};
+use crate::key::{BuildPrehashed, OffloadKey, ReqContext};
 use crate::stats::{LatencyHistogram, ManagerStats};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type KeyMap<V> = HashMap<OffloadKey, V, BuildPrehashed>;
+type KeySet = HashSet<OffloadKey, BuildPrehashed>;
 
 /// The answer to one key's lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,9 +139,9 @@ enum Phase {
     Present,
     Absent,
     ForcedMiss,
-    /// The probe failed or timed out; answer miss until `retry_at`.
+    /// The probe failed or timed out; answer miss until `retry_at` (ledger ticks).
     Failed {
-        retry_at: Instant,
+        retry_at: u64,
     },
 }
 
@@ -153,16 +154,22 @@ struct KeyState {
     /// The last request that touched the key: skips the membership probe
     /// when a request asks for its own key again.
     last_req: u64,
-    /// When the flush that submitted this generation happened.
-    flushed_at: Option<Instant>,
+    /// When the flush that submitted this generation happened, in ledger
+    /// ticks plus one; 0 if not flushed.
+    flushed_at: u64,
     /// Whether a verdict for this generation was already returned.
     reported: bool,
+}
+
+/// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
+fn ticks(epoch: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug)]
 struct RequestEntry {
     serial: u64,
-    keys: FastMap<OffloadKey, ()>,
+    keys: KeySet,
 }
 
 #[derive(Debug)]
@@ -222,7 +229,10 @@ pub struct Ledger {
     max_queued_keys: usize,
     max_keys_per_call: usize,
 
-    keys: FastMap<OffloadKey, KeyState>,
+    /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
+    /// instead of 16 in every key's state.
+    epoch: Instant,
+    keys: KeyMap<KeyState>,
     requests: FastMap<Arc<str>, RequestEntry>,
     /// The request of the previous lookup, to skip hashing its id again.
     last_request: Option<(Arc<str>, u64)>,
@@ -261,7 +271,8 @@ impl Ledger {
             max_steps_in_flight: cfg.max_steps_in_flight.max(1),
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
-            keys: FastMap::default(),
+            epoch: Instant::now(),
+            keys: KeyMap::default(),
             requests: FastMap::default(),
             last_request: None,
             next_generation: 0,
@@ -324,7 +335,7 @@ impl Ledger {
                     phase: Phase::Unsubmitted,
                     refs: 1,
                     last_req: serial,
-                    flushed_at: None,
+                    flushed_at: 0,
                     reported: false,
                 },
             );
@@ -334,7 +345,7 @@ impl Ledger {
                 ctx: ctx.clone(),
             });
             if let Some(req) = self.requests.get_mut(ctx.req_id()) {
-                req.keys.insert(key.clone(), ());
+                req.keys.insert(key.clone());
             }
             return Ok(LookupVerdict::Pending);
         };
@@ -342,9 +353,8 @@ impl Ledger {
         if state.last_req != serial {
             state.last_req = serial;
             if let Some(req) = self.requests.get_mut(ctx.req_id())
-                && let Entry::Vacant(slot) = req.keys.entry(key.clone())
+                && req.keys.insert(key.clone())
             {
-                slot.insert(());
                 state.refs += 1;
             }
         }
@@ -356,7 +366,7 @@ impl Ledger {
                 return Ok(LookupVerdict::Pending);
             }
             Phase::Failed { retry_at } => {
-                if now.get() < retry_at {
+                if ticks(self.epoch, now.get()) < retry_at {
                     LookupVerdict::Miss
                 } else {
                     // Probe again under a new generation: the failure was
@@ -365,7 +375,7 @@ impl Ledger {
                     self.next_generation += 1;
                     state.generation = generation;
                     state.phase = Phase::Unsubmitted;
-                    state.flushed_at = None;
+                    state.flushed_at = 0;
                     state.reported = false;
                     self.batch.push(BatchEntry {
                         key: key.clone(),
@@ -378,9 +388,9 @@ impl Ledger {
         };
         if !state.reported {
             state.reported = true;
-            if let Some(flushed_at) = state.flushed_at {
-                self.time_to_verdict
-                    .record(now.get().saturating_duration_since(flushed_at));
+            if state.flushed_at > 0 {
+                let waited = ticks(self.epoch, now.get()).saturating_sub(state.flushed_at - 1);
+                self.time_to_verdict.record(Duration::from_nanos(waited));
             }
         }
         Ok(verdict)
@@ -431,7 +441,7 @@ impl Ledger {
                     Arc::clone(ctx.req_id_arc()),
                     RequestEntry {
                         serial,
-                        keys: FastMap::default(),
+                        keys: KeySet::default(),
                     },
                 );
                 serial
@@ -450,6 +460,7 @@ impl Ledger {
             return;
         }
         let step = self.next_step;
+        let flushed_at = ticks(self.epoch, now) + 1;
         let mut new_groups = 0usize;
         let batch = std::mem::take(&mut self.batch);
         for entry in batch {
@@ -460,7 +471,7 @@ impl Ledger {
                 continue;
             }
             state.phase = Phase::Queued;
-            state.flushed_at = Some(now);
+            state.flushed_at = flushed_at;
             self.queued_keys += 1;
 
             let front_seq = self.ready.front().map_or(0, |g| g.seq);
@@ -636,7 +647,7 @@ impl Ledger {
             }
         };
         let timed_out = failure == TierErrorKind::Timeout;
-        let retry_at = now + self.failure_backoff;
+        let retry_at = ticks(self.epoch, now + self.failure_backoff);
         for (key, &generation) in call.keys.iter().zip(&call.generations) {
             if self.resolve(key, generation, Phase::Failed { retry_at }) {
                 if timed_out {
@@ -657,6 +668,9 @@ impl Ledger {
         if state.generation != generation || state.phase != Phase::InFlight {
             // Re-probed, or forced to miss while in flight: mark_miss wins.
             self.counters.stale_results_dropped += 1;
+            if state.refs == 0 && state.phase != Phase::InFlight {
+                self.keys.remove(key);
+            }
             return false;
         }
         match phase {
@@ -704,12 +718,21 @@ impl Ledger {
 
     /// Forces the verdict of `keys` to miss after a failed load, so the
     /// scheduler stops re-issuing a doomed load. A later tier answer cannot
-    /// undo it. Keys the ledger does not track are skipped.
+    /// undo it; it lasts while a request refers to the key. Keys the ledger
+    /// does not track are skipped, and a key nobody refers to any more (kept
+    /// only for its running probe) is forgotten.
     pub fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
         for key in keys {
             if let Some(state) = self.keys.get_mut(key) {
-                state.phase = Phase::ForcedMiss;
                 self.counters.forced_misses += 1;
+                if state.refs == 0 {
+                    // Kept only for a running probe's answer, which no longer
+                    // matters: forget it (a late answer is then dropped).
+                    self.keys.remove(key);
+                } else {
+                    state.phase = Phase::ForcedMiss;
+                    state.reported = true;
+                }
             }
         }
     }
@@ -728,7 +751,7 @@ impl Ledger {
         {
             self.last_request = None;
         }
-        for key in entry.keys.into_keys() {
+        for key in entry.keys {
             if let Some(state) = self.keys.get_mut(&key) {
                 state.refs = state.refs.saturating_sub(1);
                 if state.refs == 0 && state.phase != Phase::InFlight {

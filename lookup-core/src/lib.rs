@@ -73,7 +73,7 @@ pub mod testkit;
 
 pub use config::ManagerConfig;
 pub use error::{LookupError, ManagerError, TierError, TierErrorKind};
-pub use key::{INLINE_KEY_CAPACITY, OffloadKey, ReqContext};
+pub use key::{BuildPrehashed, INLINE_KEY_CAPACITY, OffloadKey, PrehashedHasher, ReqContext};
 pub use ledger::{LookupVerdict, PrefixVerdict};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
 pub use stats::{LatencySummary, ManagerStats};

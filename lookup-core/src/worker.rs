@@ -239,12 +239,12 @@ impl WorkerHandle {
     pub(crate) fn stop(&mut self, timeout: Duration) -> bool {
         let _ = self.inbox.send(Command::Shutdown { grace: timeout / 2 });
         let stopped = self.done.recv_timeout(timeout).is_ok();
-        if let Some(thread) = self.thread.take() {
-            if stopped {
-                // It has signalled done; joining returns at once.
-                let _ = thread.join();
-            }
-            // Otherwise dropping the handle detaches the thread.
+        // Once it has signalled done, joining returns at once; otherwise
+        // dropping the handle detaches the thread.
+        if let Some(thread) = self.thread.take()
+            && stopped
+        {
+            let _ = thread.join();
         }
         stopped
     }

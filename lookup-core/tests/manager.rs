@@ -773,3 +773,26 @@ fn stats_count_every_outcome_apart() {
     assert_eq!(s.tracked_requests, 2);
     assert_eq!(s.tier, "mock");
 }
+
+// Found by the model test: mark_miss on a key kept only for its running
+// probe must not leave state behind once the probe answers.
+#[test]
+fn mark_miss_on_an_unreferenced_in_flight_key_leaks_nothing() {
+    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+        Duration::from_millis(30),
+    )));
+    let mut m = manager(&tier, config());
+    m.lookup(&key(1), &ReqContext::new("a")).unwrap();
+    m.flush();
+    wait_until(|| tier.in_flight() == 1, "probe running");
+    m.cleanup("a");
+    m.mark_miss([&key(1)]);
+    wait_until(
+        || {
+            m.drain_results();
+            tier.in_flight() == 0 && m.stats().in_flight_keys == 0
+        },
+        "the probe to land",
+    );
+    assert!(m.is_idle(), "{:?}", m.stats());
+}

@@ -197,9 +197,11 @@ impl Harness {
         while let Some(call) = self.ledger.next_call(self.now) {
             let ids: Vec<u8> = call.keys.iter().map(key_id).collect();
             for &k in &ids {
-                let entry = self.model.keys.get_mut(&k);
-                prop_assert!(entry.is_some(), "sent a key nobody tracks: {k}");
-                let entry = entry.unwrap();
+                let Some(entry) = self.model.keys.get_mut(&k) else {
+                    return Err(TestCaseError::fail(format!(
+                        "sent a key nobody tracks: {k}"
+                    )));
+                };
                 prop_assert_eq!(entry.phase, MPhase::Waiting, "sent a resolved key {}", k);
                 prop_assert!(entry.call.is_none(), "key {} sent twice for one probe", k);
                 entry.call = Some(call.id);
@@ -290,7 +292,11 @@ impl Harness {
             Op::MarkMiss { key } => {
                 self.ledger.mark_miss([&self.keys[usize::from(key)]]);
                 if let Some(entry) = self.model.keys.get_mut(&key) {
-                    entry.phase = MPhase::Forced;
+                    if entry.refs.is_empty() {
+                        self.model.keys.remove(&key);
+                    } else {
+                        entry.phase = MPhase::Forced;
+                    }
                 }
             }
             Op::SetTruth { key, present } => self.truth[usize::from(key)] = present,

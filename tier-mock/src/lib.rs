@@ -50,6 +50,8 @@ pub struct MockConfig {
     /// Seed of every random decision. Default 0.
     pub seed: u64,
     /// Fixed latency of each call, in microseconds. Default 0 (answer at once).
+    /// The wait is a tokio timer, whose resolution is one millisecond: a
+    /// non-zero latency below that takes about a millisecond.
     pub latency_us: u64,
     /// Extra latency drawn uniformly from 0 to this, in microseconds. Default 0.
     pub jitter_us: u64,
