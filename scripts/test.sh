@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 export RUST_BACKTRACE=1
 # Property tests: a fixed budget so CI time stays predictable.
-export PROPTEST_CASES="${PROPTEST_CASES:-256}"
+export PROPTEST_CASES="${PROPTEST_CASES:-1024}"
 
 echo "== cargo test (unit, integration, doc)"
 cargo test --workspace --locked --all-features

@@ -1,1 +1,483 @@
-fn main() {}
+//! kvbench: kvtier's benchmarks, each with its baseline measured in the same run.
+//!
+//! ```text
+//! cargo run --release -p examples --bin kvbench -- w1 --json
+//! cargo run --release -p examples --bin kvbench -- all
+//! ```
+//!
+//! Every measurement prints one JSON line with `workload`, `tier`, `params`
+//! and the workload's figures; without `--json` a readable summary follows.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use examples::{CountingAlloc, Rng, key_from_id, micros, quantile};
+use lookup_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+use serde_json::{Value, json};
+use tier_mock::{MockConfig, MockTier, RequestFault};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::new();
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Workload {
+    /// Hot path: lookups of resolved keys against a bare HashMap.
+    W1,
+    /// Scheduler step cycle on the zero-latency mock tier.
+    W2,
+    /// W2 with one request's tier call taking 200 ms.
+    #[value(name = "w2-slow")]
+    W2Slow,
+    /// Manager memory per tracked key.
+    Mem,
+    /// Every workload above.
+    All,
+}
+
+/// kvtier benchmarks; each reports its same-run baseline and the ratio.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Which workload to run.
+    #[arg(value_enum)]
+    workload: Workload,
+    /// Print only JSON lines.
+    #[arg(long)]
+    json: bool,
+    /// Smaller sizes, for a smoke run (figures are then not comparable).
+    #[arg(long)]
+    quick: bool,
+    /// In w2/w2-slow, wait the 1 ms between steps by spinning instead of
+    /// sleeping (shows the cost without cold caches after a sleep).
+    #[arg(long)]
+    spin_poll: bool,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+type Failure = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let workloads: &[Workload] = match cli.workload {
+        Workload::All => &[Workload::W1, Workload::W2, Workload::W2Slow, Workload::Mem],
+        ref one => std::slice::from_ref(one),
+    };
+    let mut lines = Vec::new();
+    for &w in workloads {
+        let result = match w {
+            Workload::W1 => w1(&cli),
+            Workload::W2 => step_cycle(&cli, false),
+            Workload::W2Slow => step_cycle(&cli, true),
+            Workload::Mem => mem(&cli),
+            Workload::All => continue,
+        };
+        match result {
+            Ok(line) => {
+                println!("{line}");
+                lines.push(line);
+            }
+            Err(err) => {
+                eprintln!("kvbench: {w:?} failed: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if !cli.json {
+        print_table(&lines);
+    }
+    ExitCode::SUCCESS
+}
+
+fn print_table(lines: &[Value]) {
+    println!();
+    println!("{:<10} {:<6} figures", "workload", "tier");
+    for line in lines {
+        let figures: Vec<String> = line
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !matches!(k.as_str(), "workload" | "tier" | "params"))
+            .map(|(k, v)| match v.as_f64() {
+                Some(f) if f.fract() != 0.0 => format!("{k}={f:.3}"),
+                _ => format!("{k}={v}"),
+            })
+            .collect();
+        println!(
+            "{:<10} {:<6} {}",
+            line["workload"].as_str().unwrap_or("?"),
+            line["tier"].as_str().unwrap_or("?"),
+            figures.join("  ")
+        );
+    }
+}
+
+fn quiet_mock() -> Arc<MockTier> {
+    Arc::new(MockTier::new(MockConfig {
+        record_calls: false,
+        ..MockConfig::default()
+    }))
+}
+
+/// Looks up every key until none is pending.
+fn resolve_all<T: lookup_core::Tier>(
+    m: &mut AsyncLookupManager<T>,
+    keys: &[OffloadKey],
+    ctx: &ReqContext,
+) -> Result<(), Failure> {
+    let start = Instant::now();
+    loop {
+        let mut pending = 0;
+        for k in keys {
+            if m.lookup(k, ctx)? == LookupVerdict::Pending {
+                pending += 1;
+            }
+        }
+        if pending == 0 {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!("{pending} keys still pending after 60 s").into());
+        }
+        m.flush();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// W1: 100k resolved keys, 1M lookups in a precomputed random order, next to
+/// a bare HashMap::get over the same keys in the same order.
+fn w1(cli: &Cli) -> Result<Value, Failure> {
+    let n_keys: usize = 100_000;
+    let n_lookups: usize = if cli.quick { 100_000 } else { 1_000_000 };
+    let keys: Vec<OffloadKey> = (0..n_keys as u64).map(|i| key_from_id(i, 36)).collect();
+    let tier = quiet_mock();
+    tier.insert(keys.iter().step_by(2).cloned());
+    let mut m = AsyncLookupManager::from_arc(
+        Arc::clone(&tier),
+        ManagerConfig {
+            max_queued_keys: n_keys * 2,
+            ..ManagerConfig::named("mock")
+        },
+    )?;
+    let ctx = ReqContext::new("w1");
+    resolve_all(&mut m, &keys, &ctx)?;
+
+    let mut rng = Rng::new(cli.seed);
+    let order: Vec<usize> = (0..n_lookups)
+        .map(|_| rng.below(n_keys as u64) as usize)
+        .collect();
+    // The manager's own key maps pass the key's precomputed hash through.
+    let fast: HashMap<OffloadKey, bool, lookup_core::BuildPrehashed> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), i % 2 == 0))
+        .collect();
+    let std_map: HashMap<OffloadKey, bool> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), i % 2 == 0))
+        .collect();
+
+    // Interleave the three measurements, five rounds, and keep each one's median.
+    let (mut ours, mut base, mut base_std) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut hits = 0usize;
+        for &i in &order {
+            if m.lookup(black_box(&keys[i]), &ctx)? == LookupVerdict::Hit {
+                hits += 1;
+            }
+        }
+        ours.push(t.elapsed().as_nanos() as f64 / n_lookups as f64);
+        black_box(hits);
+
+        for (map_ns, map) in [(&mut base, &fast as &dyn Lookup), (&mut base_std, &std_map)] {
+            let t = Instant::now();
+            let mut hits = 0usize;
+            for &i in &order {
+                if map.get_bool(black_box(&keys[i])) {
+                    hits += 1;
+                }
+            }
+            map_ns.push(t.elapsed().as_nanos() as f64 / n_lookups as f64);
+            black_box(hits);
+        }
+    }
+    let ns = quantile(&mut ours, 0.5);
+    let baseline = quantile(&mut base, 0.5);
+    let baseline_std = quantile(&mut base_std, 0.5);
+    m.shutdown();
+    Ok(json!({
+        "workload": "w1",
+        "tier": "mock",
+        "params": { "keys": n_keys, "lookups": n_lookups, "key_len": 36, "requests": 1, "rounds": 5,
+                    "baseline": "HashMap<OffloadKey, bool> with the manager's prehashed hasher" },
+        "ns_per_lookup": round3(ns),
+        "baseline_ns_per_lookup": round3(baseline),
+        "ratio": round3(ns / baseline),
+        "baseline_std_hasher_ns_per_lookup": round3(baseline_std),
+        "ratio_std_hasher": round3(ns / baseline_std),
+    }))
+}
+
+/// Both baseline maps behind one call, so the timing loop is shared.
+trait Lookup {
+    fn get_bool(&self, key: &OffloadKey) -> bool;
+}
+
+impl<S: std::hash::BuildHasher> Lookup for HashMap<OffloadKey, bool, S> {
+    #[inline]
+    fn get_bool(&self, key: &OffloadKey) -> bool {
+        self.get(key).copied().unwrap_or(false)
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+struct Request {
+    ctx: ReqContext,
+    keys: Vec<OffloadKey>,
+    present: Vec<bool>,
+    verdicts: Vec<Option<LookupVerdict>>,
+}
+
+struct Cohort {
+    arrival_step: usize,
+    flushed_at: Option<Instant>,
+    /// Per request: context, keys, whether each key exists, verdicts so far.
+    requests: Vec<Request>,
+    remaining: usize,
+}
+
+/// W2 and W2-slow: a cohort of 64 requests × 32 keys arrives every step;
+/// each step looks up every (request, key) without a verdict, flushes, and
+/// sleeps 1 ms. Half of each request's keys are shared by 4 requests, half
+/// of all keys exist in the tier.
+fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
+    const REQUESTS: usize = 64;
+    const KEYS: usize = 32;
+    const SHARERS: usize = 4;
+    const SLOW: Duration = Duration::from_millis(200);
+    let cohorts = if cli.quick { 30 } else { 200 };
+    let workload = if slow { "w2-slow" } else { "w2" };
+
+    let tier = quiet_mock();
+    let mut rng = Rng::new(cli.seed);
+    let mut truth: HashMap<OffloadKey, bool> = HashMap::new();
+    let mut next_id = 1u64 << 40;
+    let mut make_key = |truth: &mut HashMap<OffloadKey, bool>| {
+        next_id += 1;
+        let key = key_from_id(next_id, 32);
+        let present = rng.chance(0.5);
+        if present {
+            tier.insert([key.clone()]);
+        }
+        truth.insert(key.clone(), present);
+        key
+    };
+    let mut pending_cohorts: Vec<Cohort> = Vec::new();
+    for c in 0..cohorts {
+        let shared: Vec<Vec<OffloadKey>> = (0..REQUESTS / SHARERS)
+            .map(|_| (0..KEYS / 2).map(|_| make_key(&mut truth)).collect())
+            .collect();
+        let requests = (0..REQUESTS)
+            .map(|r| {
+                let mut keys = shared[r / SHARERS].clone();
+                keys.extend((0..KEYS / 2).map(|_| make_key(&mut truth)));
+                Request {
+                    ctx: ReqContext::new(format!("c{c}-r{r}")),
+                    present: keys.iter().map(|k| truth[k]).collect(),
+                    keys,
+                    verdicts: vec![None; KEYS],
+                }
+            })
+            .collect();
+        pending_cohorts.push(Cohort {
+            arrival_step: 0,
+            flushed_at: None,
+            requests,
+            remaining: REQUESTS * KEYS,
+        });
+    }
+    if slow {
+        tier.set_request_fault("c0-r0", RequestFault::Delay(SLOW));
+    }
+    pending_cohorts.reverse(); // pop() yields cohort 0 first
+
+    let mut m = AsyncLookupManager::from_arc(Arc::clone(&tier), ManagerConfig::named("mock"))?;
+    let mut active: Vec<(usize, Cohort)> = Vec::new();
+    let mut step = 0usize;
+    let mut next_cohort = 0usize;
+    let (mut sched_us, mut steps_to_resolve, mut ttv_us, mut slow_ttv_us) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut verdict_errors = 0u64;
+    let mut flush_us = Vec::new();
+    let started = Instant::now();
+    while !(pending_cohorts.is_empty() && active.is_empty()) {
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err("step cycle did not finish within 120 s".into());
+        }
+        if let Some(mut cohort) = pending_cohorts.pop() {
+            cohort.arrival_step = step;
+            active.push((next_cohort, cohort));
+            next_cohort += 1;
+        }
+        let t0 = Instant::now();
+        for (c, cohort) in &mut active {
+            for (r, req) in cohort.requests.iter_mut().enumerate() {
+                for ((key, verdict), &present) in req
+                    .keys
+                    .iter()
+                    .zip(req.verdicts.iter_mut())
+                    .zip(&req.present)
+                {
+                    if verdict.is_some() {
+                        continue;
+                    }
+                    let v = m.lookup(key, &req.ctx)?;
+                    if v == LookupVerdict::Pending {
+                        continue;
+                    }
+                    *verdict = Some(v);
+                    cohort.remaining -= 1;
+                    if (v == LookupVerdict::Hit) != present {
+                        verdict_errors += 1;
+                    }
+                    if let Some(flushed_at) = cohort.flushed_at {
+                        let ttv = micros(t0.saturating_duration_since(flushed_at));
+                        if slow && *c == 0 && r < SHARERS {
+                            slow_ttv_us.push(ttv);
+                        } else if !slow || *c > 0 {
+                            ttv_us.push(ttv);
+                        }
+                    }
+                }
+            }
+        }
+        let t_flush = Instant::now();
+        m.flush();
+        let t1 = Instant::now();
+        sched_us.push(micros(t1 - t0));
+        flush_us.push(micros(t1 - t_flush));
+        for (_, cohort) in &mut active {
+            cohort.flushed_at.get_or_insert(t1);
+        }
+        active.retain(|(_, cohort)| {
+            if cohort.remaining > 0 {
+                return true;
+            }
+            steps_to_resolve.push((step - cohort.arrival_step) as f64);
+            for req in &cohort.requests {
+                m.cleanup(req.ctx.req_id());
+            }
+            false
+        });
+        step += 1;
+        if cli.spin_poll {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(1) {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    // Let any retained in-flight probe land, then check nothing is left.
+    let wait = Instant::now();
+    while !m.is_idle() && wait.elapsed() < Duration::from_secs(5) {
+        m.drain_results();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let state_empty = m.is_idle();
+    let stats = m.stats();
+    m.shutdown();
+    let mut line = json!({
+        "workload": workload,
+        "tier": "mock",
+        "params": { "cohorts": cohorts, "requests_per_step": REQUESTS, "keys_per_request": KEYS,
+                    "key_len": 32, "shared_fraction": 0.5, "sharers_per_key": SHARERS,
+                    "present_fraction": 0.5, "poll_ms": 1, "spin_poll": cli.spin_poll,
+                    "slow_request_ms": if slow { SLOW.as_millis() as u64 } else { 0 },
+                    "ttv_scope": if slow { "cohorts after the slow one" } else { "all keys" } },
+        "scheduler_us_per_step": round3(quantile(&mut sched_us, 0.5)),
+        "scheduler_us_per_step_p99": round3(quantile(&mut sched_us, 0.99)),
+        "flush_us_per_step": round3(quantile(&mut flush_us, 0.5)),
+        "steps_to_resolve": quantile(&mut steps_to_resolve, 0.5),
+        "ttv_p50_us": round3(quantile(&mut ttv_us, 0.5)),
+        "ttv_p99_us": round3(quantile(&mut ttv_us, 0.99)),
+        "verdict_errors": verdict_errors,
+        "state_empty_after_cleanup": state_empty,
+        "tier_calls": stats.calls_started,
+        "errors": stats.errors + stats.timeouts,
+    });
+    if slow {
+        line["slow_request_ttv_p50_us"] = json!(round3(quantile(&mut slow_ttv_us, 0.5)));
+    }
+    Ok(line)
+}
+
+/// Memory: live heap bytes of the manager per tracked key, 1,000 requests of
+/// 100 distinct resolved keys each, measured with a counting allocator.
+fn mem(cli: &Cli) -> Result<Value, Failure> {
+    let (requests, per_request) = if cli.quick { (100, 100) } else { (1000, 100) };
+    let tier = quiet_mock();
+    let contexts: Vec<ReqContext> = (0..requests)
+        .map(|r| ReqContext::new(format!("mem-{r}")))
+        .collect();
+    let prompts: Vec<Vec<OffloadKey>> = (0..requests)
+        .map(|r| {
+            (0..per_request)
+                .map(|i| key_from_id((r * per_request + i) as u64, 36))
+                .collect()
+        })
+        .collect();
+    tier.insert(prompts.iter().flatten().step_by(2).cloned());
+    let mut m = AsyncLookupManager::from_arc(
+        Arc::clone(&tier),
+        ManagerConfig {
+            max_queued_keys: requests * per_request * 2,
+            ..ManagerConfig::named("mock")
+        },
+    )?;
+    // Warm the worker and the histograms so their one-off allocations are not counted.
+    let warm = ReqContext::new("warm");
+    resolve_all(&mut m, &[key_from_id(u64::MAX, 36)], &warm)?;
+    m.cleanup("warm");
+    m.drain_results();
+
+    ALLOC.set_enabled(true);
+    let before = ALLOC.live_bytes();
+    for (ctx, prompt) in contexts.iter().zip(&prompts) {
+        for k in prompt {
+            m.lookup(k, ctx)?;
+        }
+    }
+    m.flush();
+    for (ctx, prompt) in contexts.iter().zip(&prompts) {
+        resolve_all(&mut m, prompt, ctx)?;
+    }
+    let tracked = m.stats().tracked_keys;
+    let after = ALLOC.live_bytes();
+    ALLOC.set_enabled(false);
+    for ctx in &contexts {
+        m.cleanup(ctx.req_id());
+    }
+    let per_key = (after - before) as f64 / tracked.max(1) as f64;
+    m.shutdown();
+    Ok(json!({
+        "workload": "mem",
+        "tier": "mock",
+        "params": { "requests": requests, "keys_per_request": per_request, "key_len": 36,
+                    "state": "resolved, one request per key" },
+        "tracked_keys": tracked,
+        "bytes_per_tracked_key": round3(per_key),
+        "baseline_bytes_per_key": std::mem::size_of::<(OffloadKey, bool)>(),
+    }))
+}
