@@ -4,6 +4,7 @@
 //! Nothing here is needed to use kvtier; it is what the programs share.
 
 #![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};

@@ -58,6 +58,7 @@
 //! - `testkit`: [`testkit`], the conformance suite every tier crate runs.
 
 #![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
 
 mod config;
 mod error;

@@ -31,6 +31,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -8,6 +8,8 @@
 //! Every measurement prints one JSON line with `workload`, `tier`, `params`
 //! and the workload's figures; without `--json` a readable summary follows.
 
+#![warn(clippy::unwrap_used)]
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::process::ExitCode;

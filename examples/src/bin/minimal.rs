@@ -4,6 +4,8 @@
 //! cargo run -p examples --bin minimal
 //! ```
 
+#![warn(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -14,6 +14,8 @@
 //! cargo run --release -p examples --bin scheduler_sim -- --steps 5000 --mock-latency-us 800 --json
 //! ```
 
+#![warn(clippy::unwrap_used)]
+
 use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -1,0 +1,406 @@
+//! The memory-mapped index: an open-addressing hash table of fixed-size,
+//! self-checking slots (see [`format`](crate::format)).
+//!
+//! Linear probing from `stable_hash(key)`. A removed key leaves a tombstone
+//! so probe chains stay intact; a slot whose checksum fails (a torn write)
+//! or whose segment was evicted counts as a tombstone. Lookups compare the
+//! full key, so the index never reports a key that was not stored.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use memmap2::MmapMut;
+
+use crate::error::{DiskError, FormatError};
+use crate::format::{
+    self, Counters, HEADER_SIZE, IndexHeader, Location, Slot, TAG_EMPTY, TAG_LIVE,
+};
+
+/// Which segments hold live data: `oldest..=newest`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LiveSegments {
+    pub(crate) oldest: u64,
+    pub(crate) newest: u64,
+}
+
+impl LiveSegments {
+    pub(crate) fn contains(&self, segment: u64) -> bool {
+        self.oldest <= segment && segment <= self.newest
+    }
+}
+
+/// Why an existing index could not be opened.
+#[derive(Debug)]
+pub(crate) enum OpenFailure {
+    /// Unreadable bytes: rebuild from the segments if allowed.
+    Corrupt(FormatError),
+    /// Another error (I/O, version, key length): report it.
+    Fatal(DiskError),
+}
+
+#[derive(Debug)]
+pub(crate) struct Index {
+    path: PathBuf,
+    file: File,
+    map: MmapMut,
+    header: IndexHeader,
+    key_len: usize,
+    slot_size: usize,
+    mask: u64,
+    counters: Counters,
+}
+
+impl Index {
+    /// Creates a new, empty index file at `path` (replacing any file there).
+    pub(crate) fn create(path: &Path, key_len: usize, slots: u64) -> Result<Self, DiskError> {
+        let slot_count = slots.max(16).next_power_of_two();
+        let header = IndexHeader {
+            key_len: key_len as u32,
+            slot_count,
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        let size = header.file_size().ok_or_else(|| DiskError::InvalidConfig {
+            field: "initial_slots",
+            reason: "index would be larger than 2^64 bytes".to_owned(),
+        })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| DiskError::io("create index", path, e))?;
+        file.set_len(size)
+            .map_err(|e| DiskError::io("size index", path, e))?;
+        let mut map = map_file(&file, path)?;
+        header.encode(&mut map[..HEADER_SIZE]);
+        let counters = Counters::default();
+        counters.encode(&mut map[..HEADER_SIZE]);
+        map.flush()
+            .map_err(|e| DiskError::io("flush index", path, e))?;
+        Ok(Self::assemble(path, file, map, header, counters))
+    }
+
+    /// Opens an existing index built for keys of `key_len` bytes.
+    pub(crate) fn open(path: &Path, key_len: usize) -> Result<Self, OpenFailure> {
+        let fatal = |op, e| OpenFailure::Fatal(DiskError::io(op, path, e));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| fatal("open index", e))?;
+        let len = file.metadata().map_err(|e| fatal("stat index", e))?.len();
+        if len < HEADER_SIZE as u64 {
+            return Err(OpenFailure::Corrupt(FormatError::Truncated {
+                need: HEADER_SIZE,
+                got: len as usize,
+            }));
+        }
+        let map = map_file(&file, path).map_err(OpenFailure::Fatal)?;
+        let header = match IndexHeader::parse(&map[..HEADER_SIZE]) {
+            Ok(h) => h,
+            Err(FormatError::Version { found, supported }) => {
+                return Err(OpenFailure::Fatal(DiskError::IndexVersion {
+                    path: path.to_owned(),
+                    found,
+                    supported,
+                }));
+            }
+            Err(e) => return Err(OpenFailure::Corrupt(e)),
+        };
+        if header.key_len as usize != key_len {
+            return Err(OpenFailure::Fatal(DiskError::KeyLenMismatch {
+                path: path.to_owned(),
+                found: header.key_len as usize,
+                configured: key_len,
+            }));
+        }
+        if header.file_size() != Some(len) {
+            return Err(OpenFailure::Corrupt(FormatError::Truncated {
+                need: header.file_size().unwrap_or(u64::MAX) as usize,
+                got: len as usize,
+            }));
+        }
+        let counters = Counters::parse(&map[..HEADER_SIZE]).map_err(OpenFailure::Corrupt)?;
+        Ok(Self::assemble(path, file, map, header, counters))
+    }
+
+    fn assemble(
+        path: &Path,
+        file: File,
+        map: MmapMut,
+        header: IndexHeader,
+        counters: Counters,
+    ) -> Self {
+        Self {
+            path: path.to_owned(),
+            file,
+            map,
+            header,
+            key_len: header.key_len as usize,
+            slot_size: header.slot_size(),
+            mask: header.slot_count - 1,
+            counters,
+        }
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.counters.len
+    }
+
+    pub(crate) fn slot_count(&self) -> u64 {
+        self.header.slot_count
+    }
+
+    pub(crate) fn was_clean(&self) -> bool {
+        self.counters.clean == 1
+    }
+
+    fn slot_range(&self, idx: u64) -> std::ops::Range<usize> {
+        let start = HEADER_SIZE + idx as usize * self.slot_size;
+        start..start + self.slot_size
+    }
+
+    fn slot(&self, idx: u64) -> &[u8] {
+        &self.map[self.slot_range(idx)]
+    }
+
+    fn write_counters(&mut self) {
+        let counters = self.counters;
+        counters.encode(&mut self.map[..HEADER_SIZE]);
+    }
+
+    /// Finds `key`: the slot index and the payload's location.
+    pub(crate) fn find(&self, key: &[u8], live: LiveSegments) -> Option<(u64, Location)> {
+        let start = format::stable_hash(key);
+        for i in 0..self.header.slot_count {
+            let idx = start.wrapping_add(i) & self.mask;
+            let bytes = self.slot(idx);
+            let (tag, slot_key) = format::slot_tag_and_key(bytes, self.key_len)?;
+            match tag {
+                TAG_EMPTY => return None,
+                TAG_LIVE if slot_key == key => {
+                    if let Slot::Live { location, .. } = format::parse_slot(bytes, self.key_len)
+                        && live.contains(location.segment)
+                    {
+                        return Some((idx, location));
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Inserts or replaces `key`; returns the location it replaced.
+    pub(crate) fn insert(
+        &mut self,
+        key: &[u8],
+        location: &Location,
+        live: LiveSegments,
+    ) -> (u64, Option<Location>) {
+        let start = format::stable_hash(key);
+        let mut reusable: Option<u64> = None;
+        let mut target = None;
+        for i in 0..self.header.slot_count {
+            let idx = start.wrapping_add(i) & self.mask;
+            let bytes = self.slot(idx);
+            match format::parse_slot(bytes, self.key_len) {
+                Slot::Empty => {
+                    target = Some((reusable.unwrap_or(idx), reusable.is_none(), None));
+                    break;
+                }
+                Slot::Live {
+                    key: k,
+                    location: old,
+                } if live.contains(old.segment) => {
+                    if k == key {
+                        target = Some((idx, false, Some(old)));
+                        break;
+                    }
+                }
+                // Tombstones, torn slots and slots of evicted segments.
+                _ => {
+                    reusable.get_or_insert(idx);
+                }
+            }
+        }
+        // A full table without an empty slot still has a reusable one: the
+        // load factor keeps it from filling, but never index out of range.
+        let (idx, was_empty, old) =
+            target.unwrap_or((reusable.unwrap_or(start & self.mask), false, None));
+        let range = self.slot_range(idx);
+        format::encode_live_slot(&mut self.map[range], key, location);
+        if was_empty {
+            self.counters.used += 1;
+        }
+        if old.is_none() {
+            self.counters.len += 1;
+        }
+        self.write_counters();
+        (idx, old)
+    }
+
+    /// Removes `key`; returns its location.
+    pub(crate) fn remove(&mut self, key: &[u8], live: LiveSegments) -> Option<Location> {
+        let (idx, location) = self.find(key, live)?;
+        let range = self.slot_range(idx);
+        format::encode_tombstone(&mut self.map[range]);
+        self.counters.len = self.counters.len.saturating_sub(1);
+        self.write_counters();
+        Some(location)
+    }
+
+    /// Removes `key` only if it still points at `location` (a load that found
+    /// a corrupt record must not remove a newer store of the same key).
+    pub(crate) fn remove_if_at(
+        &mut self,
+        key: &[u8],
+        location: &Location,
+        live: LiveSegments,
+    ) -> bool {
+        match self.find(key, live) {
+            Some((_, current)) if current == *location => self.remove(key, live).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Whether the table is too full (tombstones included) to probe well.
+    pub(crate) fn needs_rehash(&self) -> bool {
+        self.counters.used * 10 > self.header.slot_count * 7
+    }
+
+    /// Every live key and its location.
+    pub(crate) fn live_entries(
+        &self,
+        live: LiveSegments,
+    ) -> impl Iterator<Item = (&[u8], Location)> {
+        (0..self.header.slot_count).filter_map(move |idx| {
+            match format::parse_slot(self.slot(idx), self.key_len) {
+                Slot::Live { key, location } if live.contains(location.segment) => {
+                    Some((key, location))
+                }
+                _ => None,
+            }
+        })
+    }
+
+    /// A new index at `tmp` holding every live entry, sized for them, then
+    /// renamed over this one's path (atomic replacement).
+    pub(crate) fn rehash(&self, tmp: &Path, live: LiveSegments) -> Result<Self, DiskError> {
+        let slots = (self.counters.len.max(1) * 4).max(self.header.slot_count.min(1 << 16));
+        let mut next = Self::create(tmp, self.key_len, slots)?;
+        for (key, location) in self.live_entries(live) {
+            next.insert(key, &location, live);
+        }
+        next.finish_replace(&self.path)?;
+        Ok(next)
+    }
+
+    /// Flushes this (temporary) index and renames it to `path`.
+    pub(crate) fn finish_replace(&mut self, path: &Path) -> Result<(), DiskError> {
+        self.map
+            .flush()
+            .map_err(|e| DiskError::io("flush index", &self.path, e))?;
+        std::fs::rename(&self.path, path).map_err(|e| DiskError::io("rename index", path, e))?;
+        self.path = path.to_owned();
+        if let Some(dir) = path.parent() {
+            sync_dir(dir)?;
+        }
+        Ok(())
+    }
+
+    /// Recounts `len` and `used` and turns slots of evicted segments into
+    /// tombstones: one pass over the slots, no payload read. Used after an
+    /// unclean shutdown, whose counters may lag.
+    pub(crate) fn recount(&mut self, live: LiveSegments) {
+        let (mut len, mut used) = (0, 0);
+        for idx in 0..self.header.slot_count {
+            let range = self.slot_range(idx);
+            match format::parse_slot(&self.map[range.clone()], self.key_len) {
+                Slot::Empty => continue,
+                Slot::Live { location, .. } if live.contains(location.segment) => len += 1,
+                _ => format::encode_tombstone(&mut self.map[range]),
+            }
+            used += 1;
+        }
+        self.counters.len = len;
+        self.counters.used = used;
+        self.write_counters();
+    }
+
+    /// Turns every slot of `segment` into a tombstone; returns how many.
+    pub(crate) fn clear_segment(&mut self, segment: u64) -> u64 {
+        let mut cleared = 0;
+        for idx in 0..self.header.slot_count {
+            let range = self.slot_range(idx);
+            if let Slot::Live { location, .. } =
+                format::parse_slot(&self.map[range.clone()], self.key_len)
+                && location.segment == segment
+            {
+                format::encode_tombstone(&mut self.map[range]);
+                cleared += 1;
+            }
+        }
+        self.counters.len = self.counters.len.saturating_sub(cleared);
+        self.write_counters();
+        cleared
+    }
+
+    /// Flushes one slot's bytes to disk.
+    pub(crate) fn flush_slot(&self, idx: u64) -> Result<(), DiskError> {
+        let range = self.slot_range(idx);
+        self.map
+            .flush_range(range.start, range.len())
+            .map_err(|e| DiskError::io("flush index slot", &self.path, e))
+    }
+
+    /// Marks the file clean or dirty and flushes everything.
+    pub(crate) fn set_clean(&mut self, clean: bool) -> Result<(), DiskError> {
+        if !clean {
+            // Dirty first, durably, before any slot changes.
+            self.counters.clean = 0;
+            self.write_counters();
+            return self
+                .map
+                .flush_range(0, HEADER_SIZE)
+                .map_err(|e| DiskError::io("flush index header", &self.path, e));
+        }
+        self.map
+            .flush()
+            .map_err(|e| DiskError::io("flush index", &self.path, e))?;
+        self.counters.clean = 1;
+        self.write_counters();
+        self.map
+            .flush_range(0, HEADER_SIZE)
+            .map_err(|e| DiskError::io("flush index header", &self.path, e))
+    }
+
+    /// Flushes every dirty page.
+    pub(crate) fn flush(&self) -> Result<(), DiskError> {
+        self.map
+            .flush()
+            .map_err(|e| DiskError::io("flush index", &self.path, e))?;
+        self.file
+            .sync_all()
+            .map_err(|e| DiskError::io("sync index", &self.path, e))
+    }
+}
+
+fn map_file(file: &File, path: &Path) -> Result<MmapMut, DiskError> {
+    // SAFETY: the mapping is only sound while no one else changes the file.
+    // The directory's lock file (held for the DiskTier's whole life) keeps
+    // other kvtier writers out; other programs must not write into a tier's
+    // directory, which the crate documentation states.
+    unsafe { MmapMut::map_mut(file) }.map_err(|e| DiskError::io("map index", path, e))
+}
+
+/// fsyncs a directory so that created, renamed and deleted names are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), DiskError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| DiskError::io("sync directory", dir, e))
+}

@@ -1,0 +1,34 @@
+//! Helpers shared by the disk tier's tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use lookup_core::OffloadKey;
+use tier_disk::{DiskConfig, FsyncPolicy};
+
+/// A 36-byte key for `i`.
+pub fn key(i: u64) -> OffloadKey {
+    let mut bytes = [0u8; 36];
+    bytes[..8].copy_from_slice(&i.to_be_bytes());
+    bytes[8..16].copy_from_slice(&(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes());
+    OffloadKey::new(&bytes)
+}
+
+/// The payload stored under key `i` (version `v`): length and bytes derived from both.
+pub fn payload(i: u64, v: u64, max: usize) -> Vec<u8> {
+    let len = 1 + ((i.wrapping_mul(31) ^ v.wrapping_mul(17)) as usize % max.max(1));
+    (0..len)
+        .map(|j| (i as usize + j * 7 + v as usize * 13) as u8)
+        .collect()
+}
+
+/// A small configuration: 64 KiB segments, 4 MiB capacity, 64 initial slots.
+pub fn small(dir: &Path) -> DiskConfig {
+    DiskConfig {
+        segment_bytes: 64 << 10,
+        capacity_bytes: 4 << 20,
+        initial_slots: 64,
+        fsync: FsyncPolicy::Never,
+        ..DiskConfig::new(dir)
+    }
+}
