@@ -291,7 +291,9 @@ impl Index {
     /// A new index at `tmp` holding every live entry, sized for them, then
     /// renamed over this one's path (atomic replacement).
     pub(crate) fn rehash(&self, tmp: &Path, live: LiveSegments) -> Result<Self, DiskError> {
-        let slots = (self.counters.len.max(1) * 4).max(self.header.slot_count.min(1 << 16));
+        // Room for twice the live keys (a load factor of 25 to 50 % after
+        // the rehash), never shrinking below 64 Ki slots.
+        let slots = (self.counters.len.max(1) * 2).max(self.header.slot_count.min(1 << 16));
         let mut next = Self::create(tmp, self.key_len, slots)?;
         for (key, location) in self.live_entries(live) {
             next.insert(key, &location, live);
