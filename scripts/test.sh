@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # Every test of the workspace, from a fresh clone: the README's test command.
 #
-#   scripts/test.sh            # all tests, then every example in a short run
+#   scripts/test.sh            # start the services, all tests, every example in a short run
+#   KVTIER_KEEP_SERVICES=1 scripts/test.sh   # leave the services running afterwards
 #
 # CI (.ci/run) runs exactly this after fmt and clippy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export RUST_BACKTRACE=1
+
+echo "== services (real redis-server single node, TLS node and 3-master cluster)"
+bash scripts/services.sh start
+if [ "${KVTIER_KEEP_SERVICES:-0}" != 1 ]; then
+  trap 'bash scripts/services.sh stop' EXIT
+fi
+# shellcheck disable=SC1091
+source .services/env
+# The script above started every service: a missing one is now a failure.
+export KVTIER_REQUIRE_SERVICES=1
 # Property tests: a fixed budget so CI time stays predictable.
 export PROPTEST_CASES="${PROPTEST_CASES:-1024}"
 

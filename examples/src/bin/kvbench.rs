@@ -37,6 +37,8 @@ enum Workload {
     W2Slow,
     /// Manager memory per tracked key.
     Mem,
+    /// Redis tier (single node and cluster) next to redis-benchmark.
+    W3,
     /// Disk tier: batch lookups, reopen time, store throughput.
     W5,
     /// Every workload above.
@@ -91,6 +93,19 @@ fn main() -> ExitCode {
             Workload::W2Slow => step_cycle(&cli, true),
             Workload::Mem => mem(&cli),
             Workload::W5 => w5(&cli),
+            Workload::W3 => match w3(&cli) {
+                Ok(more) => {
+                    let Some((last, rest)) = more.split_last() else {
+                        continue;
+                    };
+                    for line in rest {
+                        println!("{line}");
+                        lines.push(line.clone());
+                    }
+                    Ok(last.clone())
+                }
+                Err(e) => Err(e),
+            },
             Workload::All => continue,
         };
         match result {
@@ -686,4 +701,307 @@ fn w5(cli: &Cli) -> Result<Value, Failure> {
         "baseline_mb_per_s_fsync_each": round3(raw_rates[1]),
         "ratio_fsync_always": round3(store_rates[1] / raw_rates[1]),
     }))
+}
+
+/// `host` and `port` of a `redis://host:port/...` URL.
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let rest = url.split("://").nth(1)?;
+    let authority = rest.split('/').next()?;
+    let authority = authority.rsplit('@').next()?;
+    let (host, port) = authority.rsplit_once(':')?;
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// Runs redis-benchmark (EXISTS, -P 1000 -c 1) and returns its requests per second.
+fn redis_benchmark(
+    host: &str,
+    port: u16,
+    key: &str,
+    n: u64,
+) -> Result<std::process::Child, Failure> {
+    Ok(std::process::Command::new("redis-benchmark")
+        .args([
+            "-h",
+            host,
+            "-p",
+            &port.to_string(),
+            "-P",
+            "1000",
+            "-c",
+            "1",
+            "-n",
+            &n.to_string(),
+            "-r",
+            "1000000",
+            "-q",
+            "EXISTS",
+            key,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?)
+}
+
+fn benchmark_rps(child: std::process::Child) -> Result<f64, Failure> {
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("requests per second"))
+        .ok_or_else(|| format!("redis-benchmark printed no rate: {text}"))?;
+    let rps = line
+        .split("requests per second")
+        .next()
+        .and_then(|s| s.split_whitespace().next_back())
+        .and_then(|s| s.parse::<f64>().ok())
+        .ok_or_else(|| format!("cannot read redis-benchmark's rate from {line:?}"))?;
+    Ok(rps)
+}
+
+/// W3: the Redis tier through the manager. Preload 50,000 keys; steps of
+/// 1,024 new keys (half present) from one request each: keys/s with steps
+/// issued back to back, and time-to-verdict p50/p99 over 200 steps polled
+/// every 0.1 ms. Next to redis-benchmark -P 1000 -c 1 EXISTS on the same
+/// server (on a cluster: one such run per master, at once, summed).
+fn w3(cli: &Cli) -> Result<Vec<Value>, Failure> {
+    let single = std::env::var("KVTIER_REDIS_URL").ok();
+    let cluster = std::env::var("KVTIER_REDIS_CLUSTER_URLS").ok();
+    if single.is_none() && cluster.is_none() {
+        return Err("w3 needs KVTIER_REDIS_URL and/or KVTIER_REDIS_CLUSTER_URLS: run `scripts/services.sh start` and `source .services/env`".into());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let mut lines = Vec::new();
+    for (label, config) in [
+        ("redis", single.map(tier_redis::RedisConfig::from_url)),
+        (
+            "redis-cluster",
+            cluster.map(|urls| tier_redis::RedisConfig::cluster(urls.split(','))),
+        ),
+    ] {
+        let Some(config) = config else { continue };
+        let urls: Vec<String> = if config.is_cluster() {
+            config.cluster_urls.clone()
+        } else {
+            vec![config.url.clone()]
+        };
+        lines.push(w3_one(cli, &rt, label, config, &urls)?);
+    }
+    Ok(lines)
+}
+
+/// One step of w3: its request, its keys, and which of them exist.
+type Step = (ReqContext, Vec<OffloadKey>, Vec<bool>);
+
+fn w3_one(
+    cli: &Cli,
+    rt: &tokio::runtime::Runtime,
+    label: &str,
+    config: tier_redis::RedisConfig,
+    urls: &[String],
+) -> Result<Value, Failure> {
+    const STEP: usize = 1024;
+    const PRELOAD: u64 = 50_000;
+    let throughput_steps = if cli.quick { 10 } else { 96 }; // 96 × 512 distinct present keys < 50,000
+    let ttv_steps = if cli.quick { 20 } else { 200 };
+    let run = Rng::new(cli.seed).next_u64() ^ std::process::id() as u64;
+    let tier = Arc::new(tier_redis::RedisTier::new(tier_redis::RedisConfig {
+        key_prefix: format!("kvbench:{run:x}:"),
+        ..config
+    })?);
+    let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, 36)).collect();
+    let blocks: Vec<(OffloadKey, Vec<u8>)> =
+        preload.iter().map(|k| (k.clone(), b"x".to_vec())).collect();
+    rt.block_on(tier.store_many(&blocks, None))?;
+    let mut m = tier.manager(ManagerConfig {
+        call_timeout_ms: 5_000,
+        ..ManagerConfig::named(label)
+    })?;
+    let mut rng = Rng::new(cli.seed);
+    let mut absent_id = 1u64 << 50;
+    let mut step_keys =
+        |present: &mut dyn FnMut(usize) -> OffloadKey| -> (Vec<OffloadKey>, Vec<bool>) {
+            let mut keys = Vec::with_capacity(STEP);
+            let mut truth = Vec::with_capacity(STEP);
+            for j in 0..STEP {
+                if j % 2 == 0 {
+                    keys.push(present(j));
+                    truth.push(true);
+                } else {
+                    absent_id += 1;
+                    keys.push(key_from_id(absent_id, 36));
+                    truth.push(false);
+                }
+            }
+            (keys, truth)
+        };
+
+    // Throughput: every step issued at once, then wait for the last answer.
+    let mut next_present = 0usize;
+    let steps: Vec<Step> = (0..throughput_steps)
+        .map(|s| {
+            let (keys, truth) = step_keys(&mut |_| {
+                next_present += 1;
+                preload[next_present - 1].clone()
+            });
+            (ReqContext::new(format!("w3-{s}")), keys, truth)
+        })
+        .collect();
+    let t = Instant::now();
+    for (ctx, keys, _) in &steps {
+        for k in keys {
+            m.lookup(k, ctx)?;
+        }
+        m.flush();
+    }
+    loop {
+        m.drain_results();
+        let s = m.stats();
+        if s.queued_keys == 0 && s.in_flight_keys == 0 {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            return Err("w3 throughput did not finish within 120 s".into());
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let keys_per_s = (throughput_steps * STEP) as f64 / t.elapsed().as_secs_f64();
+    let mut verdict_errors = 0u64;
+    for (ctx, keys, truth) in &steps {
+        for (k, &present) in keys.iter().zip(truth) {
+            if (m.lookup(k, ctx)? == LookupVerdict::Hit) != present {
+                verdict_errors += 1;
+            }
+        }
+        m.cleanup(ctx.req_id());
+    }
+
+    // Time to verdict: one step at a time, polled every 0.1 ms.
+    let mut ttv = Vec::with_capacity(ttv_steps * STEP);
+    for s in 0..ttv_steps {
+        let ctx = ReqContext::new(format!("w3-ttv-{s}"));
+        let (keys, truth) = step_keys(&mut |_| preload[rng.below(PRELOAD) as usize].clone());
+        for k in &keys {
+            m.lookup(k, &ctx)?;
+        }
+        let flushed = Instant::now();
+        m.flush();
+        let mut pending: Vec<usize> = (0..STEP).collect();
+        while !pending.is_empty() {
+            std::thread::sleep(Duration::from_micros(100));
+            let now = Instant::now();
+            let mut still = Vec::with_capacity(pending.len());
+            for i in pending {
+                match m.lookup(&keys[i], &ctx)? {
+                    LookupVerdict::Pending => still.push(i),
+                    v => {
+                        ttv.push(micros(now - flushed));
+                        if (v == LookupVerdict::Hit) != truth[i] {
+                            verdict_errors += 1;
+                        }
+                    }
+                }
+            }
+            pending = still;
+            if flushed.elapsed() > Duration::from_secs(30) {
+                return Err("w3 step did not resolve within 30 s".into());
+            }
+        }
+        m.cleanup(ctx.req_id());
+    }
+    let stats = m.stats();
+    m.shutdown();
+
+    // Baseline: redis-benchmark on the same server(s), at the same time on every master.
+    let n = if cli.quick { 100_000 } else { 1_000_000 };
+    let children: Vec<std::process::Child> = if urls.len() == 1 {
+        let (host, port) = host_port(&urls[0]).ok_or("cannot read host:port from the Redis URL")?;
+        vec![redis_benchmark(
+            &host,
+            port,
+            "kvbench:base:__rand_int__",
+            n,
+        )?]
+    } else {
+        // One hash tag per master, so that every key of a run lives on it.
+        let mut children = Vec::new();
+        let masters = cluster_masters(&urls[0])?;
+        for (host, port, slots) in &masters {
+            let tag = (0..100_000u32)
+                .map(|i| format!("t{i}"))
+                .find(|t| {
+                    slots
+                        .iter()
+                        .any(|&(a, b)| (a..=b).contains(&tier_redis::slot::key_slot(t.as_bytes())))
+                })
+                .ok_or("no hash tag found for a master")?;
+            children.push(redis_benchmark(
+                host,
+                *port,
+                &format!("kvbench:{{{tag}}}:__rand_int__"),
+                n / masters.len() as u64,
+            )?);
+        }
+        children
+    };
+    let mut baseline = 0.0;
+    for child in children {
+        baseline += benchmark_rps(child)?;
+    }
+    Ok(json!({
+        "workload": "w3",
+        "tier": label,
+        "params": { "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
+                    "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
+                    "baseline": "redis-benchmark -P 1000 -c 1 EXISTS (one per master, summed, on a cluster)",
+                    "masters": urls.len() },
+        "keys_per_s": keys_per_s.round(),
+        "baseline_keys_per_s": baseline.round(),
+        "ratio": round3(keys_per_s / baseline),
+        "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
+        "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
+        "verdict_errors": verdict_errors,
+        "errors": stats.errors + stats.timeouts,
+    }))
+}
+
+/// A cluster master: host, port and its slot ranges.
+type Master = (String, u16, Vec<(u16, u16)>);
+
+/// Masters of a cluster and their slot ranges, from `redis-cli cluster slots`.
+fn cluster_masters(url: &str) -> Result<Vec<Master>, Failure> {
+    let (host, port) = host_port(url).ok_or("cannot read host:port from a cluster URL")?;
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", &host, "-p", &port.to_string(), "cluster", "slots"])
+        .output()?;
+    // Output: start, end, host, port, id, [replicas...] per range, one value per line.
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut masters: Vec<Master> = Vec::new();
+    let mut i = 0;
+    while i + 3 < lines.len() {
+        let (Ok(a), Ok(b), h, Ok(p)) = (
+            lines[i].parse::<u16>(),
+            lines[i + 1].parse::<u16>(),
+            lines[i + 2].clone(),
+            lines[i + 3].parse::<u16>(),
+        ) else {
+            i += 1;
+            continue;
+        };
+        match masters.iter_mut().find(|m| m.0 == h && m.1 == p) {
+            Some(m) => m.2.push((a, b)),
+            None => masters.push((h, p, vec![(a, b)])),
+        }
+        i += 5;
+    }
+    if masters.is_empty() {
+        return Err("redis-cli cluster slots returned no masters".into());
+    }
+    Ok(masters)
 }

@@ -1,0 +1,151 @@
+//! Errors of the Redis tier, classified with the client's own predicates.
+
+use lookup_core::{TierError, TierErrorKind};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+/// What went wrong talking to Redis. Messages name the endpoint (without
+/// credentials) and the operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisTierError {
+    /// A configuration value is missing or out of range.
+    #[error("invalid Redis tier configuration: {field} {reason}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The server refused the credentials.
+    #[error("{endpoint}: authentication failed during {op}")]
+    Auth {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: RedisError,
+    },
+    /// No answer in time (connect or response timeout).
+    #[error("{endpoint}: timed out during {op}")]
+    Timeout {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: RedisError,
+    },
+    /// The server cannot be reached, or the connection dropped.
+    #[error("{endpoint}: unreachable or disconnected during {op}: {source}")]
+    Unavailable {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: RedisError,
+    },
+    /// The cluster is down, resharding, or a master is missing.
+    #[error("{endpoint}: cluster unavailable during {op}: {source}")]
+    ClusterDown {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: RedisError,
+    },
+    /// Any other error from the client or the server.
+    #[error("{endpoint}: {op} failed: {source}")]
+    Command {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: RedisError,
+    },
+    /// A reply of the wrong shape or length.
+    #[error("{endpoint}: unexpected reply to {op}: {detail}")]
+    UnexpectedReply {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl RedisTierError {
+    /// Classifies a client error with the client's own predicates.
+    pub(crate) fn classify(endpoint: &str, op: &'static str, source: RedisError) -> Self {
+        let endpoint = endpoint.to_owned();
+        let kind = source.kind();
+        if kind == ErrorKind::AuthenticationFailed
+            || kind == ErrorKind::Server(ServerErrorKind::NoPerm)
+        {
+            Self::Auth {
+                endpoint,
+                op,
+                source,
+            }
+        } else if source.is_timeout() {
+            Self::Timeout {
+                endpoint,
+                op,
+                source,
+            }
+        } else if source.is_connection_refusal()
+            || source.is_connection_dropped()
+            || source.is_io_error()
+            || kind == ErrorKind::ClusterConnectionNotFound
+        {
+            Self::Unavailable {
+                endpoint,
+                op,
+                source,
+            }
+        } else if matches!(
+            kind,
+            ErrorKind::Server(ServerErrorKind::ClusterDown)
+                | ErrorKind::Server(ServerErrorKind::MasterDown)
+                | ErrorKind::Server(ServerErrorKind::TryAgain)
+                | ErrorKind::Server(ServerErrorKind::BusyLoading)
+        ) {
+            Self::ClusterDown {
+                endpoint,
+                op,
+                source,
+            }
+        } else {
+            Self::Command {
+                endpoint,
+                op,
+                source,
+            }
+        }
+    }
+
+    /// The lookup-core classification of this error.
+    pub fn tier_kind(&self) -> TierErrorKind {
+        match self {
+            Self::InvalidConfig { .. } | Self::Auth { .. } => TierErrorKind::Config,
+            Self::Timeout { .. } => TierErrorKind::Timeout,
+            Self::Unavailable { .. } | Self::ClusterDown { .. } => TierErrorKind::Unavailable,
+            Self::Command { .. } | Self::UnexpectedReply { .. } => TierErrorKind::Other,
+        }
+    }
+}
+
+impl From<RedisTierError> for TierError {
+    fn from(err: RedisTierError) -> Self {
+        TierError::new(err.tier_kind(), err.to_string()).with_source(err)
+    }
+}

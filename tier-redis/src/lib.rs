@@ -1,0 +1,682 @@
+//! A Redis kvtier tier: pipelined EXISTS lookups, store / load / remove, on
+//! a single server or a Redis Cluster.
+//!
+//! - **One pipeline per chunk, not one round trip per key.** A batch is
+//!   split into pipelines of `pipeline_chunk` EXISTS commands, with up to
+//!   `max_chunks_in_flight` of them in flight at once over one multiplexed
+//!   connection. Answers are put back in key order.
+//! - **Redis Cluster.** Keys are grouped by the master that owns their slot,
+//!   from a cached `CLUSTER SLOTS` map, and each group is one pipeline per
+//!   chunk routed to that master; groups run in parallel. When a group's
+//!   pipeline fails (MOVED during resharding, a node down), the slot map is
+//!   dropped and that group's keys are asked one command at a time, with the
+//!   client library following MOVED / ASK.
+//! - **Outages.** The connection reconnects by itself. Connect and response
+//!   timeouts are short, so a lookup during an outage fails fast, with a
+//!   typed error (timeout, unavailable, auth, cluster down) that the lookup
+//!   manager counts as an error, not a miss.
+//! - **Credentials** never appear in errors, logs or `Debug` output.
+//!
+//! Connections are made by the first call, on that call's tokio runtime;
+//! usually that is the lookup manager's worker.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use lookup_core::{ManagerConfig, OffloadKey};
+//! use tier_redis::{RedisConfig, RedisTier};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let tier = Arc::new(RedisTier::new(RedisConfig::from_url("redis://127.0.0.1:6379/"))?);
+//! let key = OffloadKey::from_block_hash(&[7; 32], 0);
+//! tier.store(&key, b"kv bytes", None).await?;
+//! assert_eq!(tier.load(&key).await?.as_deref(), Some(&b"kv bytes"[..]));
+//! let mut manager = tier.manager(ManagerConfig::default())?;
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+#![warn(clippy::unwrap_used)]
+
+mod config;
+mod error;
+pub mod slot;
+
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use lookup_core::{
+    AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Client, IntoConnectionInfo, Pipeline, Value};
+use tokio::sync::OnceCell;
+
+pub use config::RedisConfig;
+pub use error::RedisTierError;
+
+/// Slot ranges and the master owning each, from `CLUSTER SLOTS`.
+#[derive(Debug)]
+struct SlotMap {
+    /// (first slot, last slot, master index), sorted by first slot.
+    ranges: Vec<(u16, u16, usize)>,
+    masters: usize,
+}
+
+impl SlotMap {
+    fn owner(&self, slot: u16) -> Option<usize> {
+        let idx = self.ranges.partition_point(|&(start, _, _)| start <= slot);
+        let (start, end, master) = *self.ranges.get(idx.checked_sub(1)?)?;
+        (start <= slot && slot <= end).then_some(master)
+    }
+}
+
+enum Backend {
+    Single {
+        client: Client,
+        conn: OnceCell<ConnectionManager>,
+    },
+    Cluster {
+        client: Box<ClusterClient>,
+        conn: OnceCell<ClusterConnection>,
+        slots: RwLock<Option<Arc<SlotMap>>>,
+    },
+}
+
+/// A Redis tier; see the crate documentation.
+pub struct RedisTier {
+    config: RedisConfig,
+    endpoint: String,
+    backend: Backend,
+}
+
+impl std::fmt::Debug for RedisTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTier")
+            .field("endpoint", &self.endpoint)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+type Result<T, E = RedisTierError> = std::result::Result<T, E>;
+
+impl RedisTier {
+    /// Builds the tier from `config`, without connecting yet.
+    ///
+    /// # Errors
+    /// [`RedisTierError::InvalidConfig`] for a bad field, URL or CA file.
+    pub fn new(config: RedisConfig) -> Result<Self> {
+        config.validate()?;
+        // rustls needs a process-wide crypto provider; install ring unless
+        // the application installed one already (then this is a no-op).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let invalid =
+            |field: &'static str, e: &dyn std::fmt::Display| RedisTierError::InvalidConfig {
+                field,
+                reason: e.to_string(),
+            };
+        let root_cert = match &config.tls_ca_cert {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| invalid("tls_ca_cert", &format!("{}: {e}", path.display())))?,
+            ),
+            None => None,
+        };
+        let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
+        let response_timeout = Duration::from_millis(config.response_timeout_ms);
+        let (endpoint, backend) = if config.is_cluster() {
+            let mut builder =
+                redis::cluster::ClusterClientBuilder::new(config.cluster_urls.clone())
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(response_timeout)
+                    .retries(config.reconnect_retries as u32);
+            if let Some(user) = &config.username {
+                builder = builder.username(user);
+            }
+            if let Some(password) = &config.password {
+                builder = builder.password(password);
+            }
+            if let Some(root) = root_cert {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root),
+                });
+            }
+            let client = builder.build().map_err(|e| invalid("cluster_urls", &e))?;
+            let endpoint = format!(
+                "redis cluster [{}]",
+                config
+                    .cluster_urls
+                    .iter()
+                    .map(|u| config::redact(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            (
+                endpoint,
+                Backend::Cluster {
+                    client: Box::new(client),
+                    conn: OnceCell::new(),
+                    slots: RwLock::new(None),
+                },
+            )
+        } else {
+            let mut info = config
+                .url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| invalid("url", &e))?;
+            let mut redis_settings = info.redis_settings().clone();
+            if let Some(user) = &config.username {
+                redis_settings = redis_settings.set_username(user);
+            }
+            if let Some(password) = &config.password {
+                redis_settings = redis_settings.set_password(password);
+            }
+            info = info.set_redis_settings(redis_settings);
+            let client = match root_cert {
+                Some(root) => Client::build_with_tls(
+                    info,
+                    redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(root),
+                    },
+                ),
+                None => Client::open(info),
+            }
+            .map_err(|e| invalid("url", &e))?;
+            (
+                format!("redis {}", config::redact(&config.url)),
+                Backend::Single {
+                    client,
+                    conn: OnceCell::new(),
+                },
+            )
+        };
+        Ok(Self {
+            config,
+            endpoint,
+            backend,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// Where it connects, without credentials.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Starts an [`AsyncLookupManager`] over this tier (named "redis" unless
+    /// `config` names it).
+    ///
+    /// # Errors
+    /// As [`AsyncLookupManager::new`].
+    pub fn manager(
+        self: &Arc<Self>,
+        mut config: ManagerConfig,
+    ) -> Result<AsyncLookupManager<Arc<Self>>, ManagerError> {
+        if config.tier_name == ManagerConfig::default().tier_name {
+            config.tier_name = "redis".to_owned();
+        }
+        AsyncLookupManager::from_arc(Arc::new(Arc::clone(self)), config)
+    }
+
+    fn err(&self, op: &'static str, e: redis::RedisError) -> RedisTierError {
+        RedisTierError::classify(&self.endpoint, op, e)
+    }
+
+    fn full_key(&self, key: &OffloadKey) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.config.key_prefix.len() + key.len());
+        k.extend_from_slice(self.config.key_prefix.as_bytes());
+        k.extend_from_slice(key.as_bytes());
+        k
+    }
+
+    async fn single(&self) -> Result<ConnectionManager> {
+        let Backend::Single { client, conn } = &self.backend else {
+            unreachable_backend()
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(self.config.connect_timeout_ms)))
+            .set_response_timeout(Some(Duration::from_millis(self.config.response_timeout_ms)))
+            .set_number_of_retries(self.config.reconnect_retries)
+            .set_max_delay(Duration::from_millis(self.config.connect_timeout_ms));
+        conn.get_or_try_init(|| async {
+            ConnectionManager::new_with_config(client.clone(), config)
+                .await
+                .map_err(|e| self.err("connect", e))
+        })
+        .await
+        .cloned()
+    }
+
+    async fn cluster(&self) -> Result<ClusterConnection> {
+        let Backend::Cluster { client, conn, .. } = &self.backend else {
+            unreachable_backend()
+        };
+        conn.get_or_try_init(|| async {
+            client
+                .get_async_connection()
+                .await
+                .map_err(|e| self.err("connect", e))
+        })
+        .await
+        .cloned()
+    }
+
+    /// Bounds a whole operation by the response timeout (plus the connect
+    /// timeout), whatever the client's retries do.
+    async fn bounded<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let limit =
+            Duration::from_millis(self.config.response_timeout_ms + self.config.connect_timeout_ms);
+        match tokio::time::timeout(limit, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisTierError::Timeout {
+                endpoint: self.endpoint.clone(),
+                op,
+                source: redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "kvtier deadline",
+                )),
+            }),
+        }
+    }
+
+    /// Whether each key exists, in order.
+    ///
+    /// # Errors
+    /// A [`RedisTierError`] classified as timeout, unavailable, auth, cluster down or other.
+    pub async fn exists_many(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let full: Vec<Vec<u8>> = keys.iter().map(|k| self.full_key(k)).collect();
+        self.bounded("EXISTS", async {
+            match &self.backend {
+                Backend::Single { .. } => self.exists_single(&full).await,
+                Backend::Cluster { .. } => self.exists_cluster(&full).await,
+            }
+        })
+        .await
+    }
+
+    async fn exists_single(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
+        let conn = self.single().await?;
+        // Collected first: the futures own their pipelines, and no lazy
+        // iterator is held across an await (the future must be Send).
+        let chunks: Vec<_> = keys
+            .chunks(self.config.pipeline_chunk)
+            .map(|chunk| {
+                let mut conn = conn.clone();
+                let pipe = exists_pipeline(chunk);
+                async move { pipe.query_async::<Vec<i64>>(&mut conn).await }
+            })
+            .collect();
+        let mut found = Vec::with_capacity(keys.len());
+        let mut answers =
+            futures_util::stream::iter(chunks).buffered(self.config.max_chunks_in_flight);
+        while let Some(answer) = answers.next().await {
+            found.extend(
+                answer
+                    .map_err(|e| self.err("EXISTS pipeline", e))?
+                    .into_iter()
+                    .map(|n| n > 0),
+            );
+        }
+        self.check_len(found, keys.len())
+    }
+
+    fn check_len(&self, found: Vec<bool>, expected: usize) -> Result<Vec<bool>> {
+        if found.len() != expected {
+            return Err(RedisTierError::UnexpectedReply {
+                endpoint: self.endpoint.clone(),
+                op: "EXISTS pipeline",
+                detail: format!("{} answers for {expected} keys", found.len()),
+            });
+        }
+        Ok(found)
+    }
+
+    async fn slot_map(&self, conn: &ClusterConnection) -> Result<Arc<SlotMap>> {
+        let Backend::Cluster { slots, .. } = &self.backend else {
+            unreachable_backend()
+        };
+        if let Some(map) = slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            return Ok(Arc::clone(map));
+        }
+        let mut conn = conn.clone();
+        let reply: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("CLUSTER SLOTS", e))?;
+        let map = Arc::new(parse_cluster_slots(reply).ok_or_else(|| {
+            RedisTierError::UnexpectedReply {
+                endpoint: self.endpoint.clone(),
+                op: "CLUSTER SLOTS",
+                detail: "not a slot map".to_owned(),
+            }
+        })?);
+        *slots.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&map));
+        Ok(map)
+    }
+
+    fn forget_slot_map(&self) {
+        if let Backend::Cluster { slots, .. } = &self.backend {
+            *slots.write().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+    }
+
+    async fn exists_cluster(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
+        let conn = self.cluster().await?;
+        let map = self.slot_map(&conn).await?;
+        // Group positions by owning master; keys of unknown slots go alone.
+        let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters + 1];
+        for (pos, key) in keys.iter().enumerate() {
+            let slot = slot::key_slot(key);
+            groups[map.owner(slot).unwrap_or(map.masters)].push((pos, slot));
+        }
+        let mut found = vec![false; keys.len()];
+        let calls: Vec<_> = groups
+            .iter()
+            .filter(|g| !g.is_empty())
+            .map(|group| self.exists_cluster_group(&conn, keys, group))
+            .collect();
+        let group_answers = join_all(calls).await;
+        for (group, answer) in groups.iter().filter(|g| !g.is_empty()).zip(group_answers) {
+            for (&(pos, _), present) in group.iter().zip(answer?) {
+                found[pos] = present;
+            }
+        }
+        Ok(found)
+    }
+
+    /// One master's keys: pipelines routed to the master owning the group's
+    /// first slot; on failure, one command per key through the client's own
+    /// routing (which follows MOVED / ASK).
+    async fn exists_cluster_group(
+        &self,
+        conn: &ClusterConnection,
+        keys: &[Vec<u8>],
+        group: &[(usize, u16)],
+    ) -> Result<Vec<bool>> {
+        let chunks: Vec<_> = group
+            .chunks(self.config.pipeline_chunk)
+            .map(|chunk| {
+                let mut conn = conn.clone();
+                let route =
+                    SingleNodeRoutingInfo::SpecificNode(Route::new(chunk[0].1, SlotAddr::Master));
+                let pipe = exists_pipeline(chunk.iter().map(|&(pos, _)| &keys[pos]));
+                let n = chunk.len();
+                async move { conn.route_pipeline(pipe, 0, n, route).await }
+            })
+            .collect();
+        let mut answers =
+            futures_util::stream::iter(chunks).buffered(self.config.max_chunks_in_flight);
+        let mut found = Vec::with_capacity(group.len());
+        let mut failed = None;
+        while let Some(answer) = answers.next().await {
+            match answer.map(|values| {
+                values
+                    .into_iter()
+                    .map(|v| redis::from_redis_value::<i64>(v).map(|n| n > 0))
+                    .collect::<Result<Vec<bool>, _>>()
+            }) {
+                Ok(Ok(values)) => found.extend(values),
+                Ok(Err(e)) => {
+                    failed = Some(redis::RedisError::from(e));
+                    break;
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let Some(first_error) = failed else {
+            return self.check_len(found, group.len());
+        };
+        tracing::debug!(endpoint = %self.endpoint, error = %first_error, keys = group.len(), "cluster pipeline failed; asking key by key");
+        self.forget_slot_map();
+        let singles: Vec<_> = group
+            .iter()
+            .map(|&(pos, _)| {
+                let mut conn = conn.clone();
+                let cmd = redis::cmd("EXISTS").arg(&keys[pos]).clone();
+                async move { cmd.query_async::<i64>(&mut conn).await }
+            })
+            .collect();
+        let mut found = Vec::with_capacity(group.len());
+        let mut answers = futures_util::stream::iter(singles).buffered(self.config.pipeline_chunk);
+        while let Some(answer) = answers.next().await {
+            found.push(answer.map_err(|e| self.err("EXISTS", e))? > 0);
+        }
+        Ok(found)
+    }
+
+    /// Stores `payload` under `key`, with an optional time to live.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn store(
+        &self,
+        key: &OffloadKey,
+        payload: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.full_key(key)).arg(payload);
+        if let Some(ttl) = ttl {
+            cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
+        }
+        let _: Value = self.query("SET", &cmd).await?;
+        Ok(())
+    }
+
+    /// Stores `payload` under `key` only if the key is absent; returns
+    /// whether it was stored.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn store_nx(
+        &self,
+        key: &OffloadKey,
+        payload: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.full_key(key)).arg(payload).arg("NX");
+        if let Some(ttl) = ttl {
+            cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
+        }
+        let reply: Option<String> = self.query("SET NX", &cmd).await?;
+        Ok(reply.is_some())
+    }
+
+    /// Stores many blocks: one pipeline per chunk on a single server, one
+    /// command per key on a cluster.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`]; some blocks may be stored.
+    pub async fn store_many(
+        &self,
+        blocks: &[(OffloadKey, Vec<u8>)],
+        ttl: Option<Duration>,
+    ) -> Result<()> {
+        match &self.backend {
+            Backend::Single { .. } => {
+                let conn = self.single().await?;
+                for chunk in blocks.chunks(self.config.pipeline_chunk) {
+                    let mut pipe = redis::pipe();
+                    for (key, payload) in chunk {
+                        let cmd = pipe
+                            .cmd("SET")
+                            .arg(self.full_key(key))
+                            .arg(payload.as_slice());
+                        if let Some(ttl) = ttl {
+                            cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
+                        }
+                        cmd.ignore();
+                    }
+                    let mut conn = conn.clone();
+                    self.bounded("SET pipeline", async {
+                        pipe.query_async::<()>(&mut conn)
+                            .await
+                            .map_err(|e| self.err("SET pipeline", e))
+                    })
+                    .await?;
+                }
+                Ok(())
+            }
+            Backend::Cluster { .. } => {
+                let stores: Vec<_> = blocks.iter().map(|(k, p)| self.store(k, p, ttl)).collect();
+                let results = futures_util::stream::iter(stores)
+                    .buffer_unordered(self.config.pipeline_chunk)
+                    .collect::<Vec<_>>()
+                    .await;
+                results.into_iter().collect()
+            }
+        }
+    }
+
+    /// The payload of `key`, or `None` if absent.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>> {
+        self.query("GET", redis::cmd("GET").arg(self.full_key(key)))
+            .await
+    }
+
+    /// Removes `key`; returns whether it existed.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn remove(&self, key: &OffloadKey) -> Result<bool> {
+        let n: i64 = self
+            .query("DEL", redis::cmd("DEL").arg(self.full_key(key)))
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Removes many keys; returns how many existed.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn remove_many(&self, keys: &[OffloadKey]) -> Result<u64> {
+        let mut removed = 0;
+        for key in keys {
+            removed += u64::from(self.remove(key).await?);
+        }
+        Ok(removed)
+    }
+
+    /// Answers PING: checks connectivity and credentials.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn ping(&self) -> Result<()> {
+        let _: String = self.query("PING", &redis::cmd("PING")).await?;
+        Ok(())
+    }
+
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        self.bounded(op, async {
+            match &self.backend {
+                Backend::Single { .. } => {
+                    let mut conn = self.single().await?;
+                    cmd.query_async(&mut conn)
+                        .await
+                        .map_err(|e| self.err(op, e))
+                }
+                Backend::Cluster { .. } => {
+                    let mut conn = self.cluster().await?;
+                    cmd.query_async(&mut conn)
+                        .await
+                        .map_err(|e| self.err(op, e))
+                }
+            }
+        })
+        .await
+    }
+}
+
+fn exists_pipeline<'a>(keys: impl IntoIterator<Item = &'a Vec<u8>>) -> Pipeline {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("EXISTS").arg(key.as_slice());
+    }
+    pipe
+}
+
+/// Parses a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id], replicas...], ...]`.
+fn parse_cluster_slots(reply: Value) -> Option<SlotMap> {
+    let Value::Array(entries) = reply else {
+        return None;
+    };
+    let mut masters: Vec<(Vec<u8>, i64)> = Vec::new();
+    let mut ranges = Vec::new();
+    for entry in entries {
+        let Value::Array(fields) = entry else {
+            return None;
+        };
+        let mut fields = fields.into_iter();
+        let start = redis::from_redis_value::<i64>(fields.next()?).ok()?;
+        let end = redis::from_redis_value::<i64>(fields.next()?).ok()?;
+        let Value::Array(master) = fields.next()? else {
+            return None;
+        };
+        let mut master = master.into_iter();
+        let host = redis::from_redis_value::<Vec<u8>>(master.next()?).ok()?;
+        let port = redis::from_redis_value::<i64>(master.next()?).ok()?;
+        let idx = match masters.iter().position(|m| m.0 == host && m.1 == port) {
+            Some(i) => i,
+            None => {
+                masters.push((host, port));
+                masters.len() - 1
+            }
+        };
+        ranges.push((u16::try_from(start).ok()?, u16::try_from(end).ok()?, idx));
+    }
+    ranges.sort_unstable();
+    Some(SlotMap {
+        ranges,
+        masters: masters.len(),
+    })
+}
+
+#[cold]
+fn unreachable_backend() -> ! {
+    unreachable!("backend checked by the caller")
+}
+
+impl Tier for RedisTier {
+    async fn batch_lookup(
+        &self,
+        keys: &[OffloadKey],
+        _ctx: &ReqContext,
+    ) -> Result<Vec<bool>, TierError> {
+        self.exists_many(keys).await.map_err(TierError::from)
+    }
+}

@@ -1,0 +1,268 @@
+//! The Redis tier against real servers: round trips, TTL, binary keys,
+//! large and empty batches, wrong credentials, unreachable ports, TLS.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use lookup_core::testkit::unique_keys;
+use lookup_core::{OffloadKey, ReqContext, Tier, TierErrorKind};
+use support::PrivateRedis;
+use tier_redis::{RedisConfig, RedisTier, RedisTierError};
+
+fn tiers(test: &str) -> Vec<RedisTier> {
+    let mut tiers = Vec::new();
+    if let Some(url) = support::service("KVTIER_REDIS_URL", test) {
+        tiers.push(
+            RedisTier::new(RedisConfig {
+                key_prefix: "kvtier-test:".into(),
+                ..RedisConfig::from_url(url)
+            })
+            .unwrap(),
+        );
+    }
+    if let Some(urls) = support::service("KVTIER_REDIS_CLUSTER_URLS", test) {
+        tiers.push(
+            RedisTier::new(RedisConfig {
+                key_prefix: "kvtier-test:".into(),
+                ..RedisConfig::cluster(urls.split(','))
+            })
+            .unwrap(),
+        );
+    }
+    tiers
+}
+
+#[tokio::test]
+async fn store_lookup_load_remove_round_trip() {
+    for tier in tiers("store_lookup_load_remove_round_trip") {
+        let keys = unique_keys(3, 36);
+        tier.store(&keys[0], b"zero", None).await.unwrap();
+        tier.store(&keys[1], &[0u8, 255, 0, 10, 13], None)
+            .await
+            .unwrap();
+        assert_eq!(
+            tier.exists_many(&keys).await.unwrap(),
+            [true, true, false],
+            "{}",
+            tier.endpoint()
+        );
+        assert_eq!(
+            tier.load(&keys[0]).await.unwrap().as_deref(),
+            Some(&b"zero"[..])
+        );
+        assert_eq!(
+            tier.load(&keys[1]).await.unwrap().as_deref(),
+            Some(&[0u8, 255, 0, 10, 13][..])
+        );
+        assert_eq!(tier.load(&keys[2]).await.unwrap(), None);
+        assert!(tier.store_nx(&keys[2], b"first", None).await.unwrap());
+        assert!(!tier.store_nx(&keys[2], b"second", None).await.unwrap());
+        assert_eq!(
+            tier.load(&keys[2]).await.unwrap().as_deref(),
+            Some(&b"first"[..])
+        );
+        assert!(tier.remove(&keys[0]).await.unwrap());
+        assert!(!tier.remove(&keys[0]).await.unwrap());
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [false, true, true]);
+    }
+}
+
+#[tokio::test]
+async fn binary_keys_with_every_byte_value_are_distinct() {
+    for tier in tiers("binary_keys_with_every_byte_value_are_distinct") {
+        let base = unique_keys(1, 36).remove(0);
+        let keys: Vec<OffloadKey> = (0..=255u8)
+            .map(|b| {
+                let mut bytes = base.as_bytes().to_vec();
+                bytes[20] = b; // includes 0, '{', '}', '\r', '\n' and non-UTF-8 bytes
+                OffloadKey::new(&bytes)
+            })
+            .collect();
+        let present: Vec<(OffloadKey, Vec<u8>)> = keys
+            .iter()
+            .step_by(2)
+            .map(|k| (k.clone(), vec![k.as_bytes()[20]]))
+            .collect();
+        tier.store_many(&present, None).await.unwrap();
+        let found = tier.exists_many(&keys).await.unwrap();
+        assert!(
+            found.iter().enumerate().all(|(i, &f)| f == (i % 2 == 0)),
+            "{}",
+            tier.endpoint()
+        );
+        for (key, payload) in &present {
+            assert_eq!(tier.load(key).await.unwrap().as_ref(), Some(payload));
+        }
+    }
+}
+
+#[tokio::test]
+async fn ttl_expires_keys() {
+    for tier in tiers("ttl_expires_keys") {
+        let keys = unique_keys(2, 36);
+        tier.store(&keys[0], b"short", Some(Duration::from_millis(150)))
+            .await
+            .unwrap();
+        tier.store(&keys[1], b"long", Some(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [true, true]);
+        let start = Instant::now();
+        while tier.exists_many(&keys[..1]).await.unwrap()[0] {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "TTL never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [false, true]);
+    }
+}
+
+#[tokio::test]
+async fn ten_thousand_key_batches_and_empty_batches() {
+    for tier in tiers("ten_thousand_key_batches_and_empty_batches") {
+        assert!(tier.exists_many(&[]).await.unwrap().is_empty());
+        let keys = unique_keys(10_000, 36);
+        let present: Vec<(OffloadKey, Vec<u8>)> = keys
+            .iter()
+            .step_by(3)
+            .map(|k| (k.clone(), b"x".to_vec()))
+            .collect();
+        tier.store_many(&present, None).await.unwrap();
+        let found = tier
+            .batch_lookup(&keys, &ReqContext::new("big"))
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 10_000);
+        let wrong = found
+            .iter()
+            .enumerate()
+            .filter(|&(i, &f)| f != (i % 3 == 0))
+            .count();
+        assert_eq!(wrong, 0, "{}", tier.endpoint());
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_a_typed_auth_error() {
+    if !support::have("redis-server", "a_wrong_password_is_a_typed_auth_error") {
+        return;
+    }
+    let server = PrivateRedis::start(&["--requirepass", "right-password"]);
+    let wrong = RedisTier::new(RedisConfig {
+        password: Some("wrong-password".into()),
+        ..RedisConfig::from_url(server.url())
+    })
+    .unwrap();
+    let err = wrong.exists_many(&unique_keys(1, 36)).await.unwrap_err();
+    assert!(matches!(err, RedisTierError::Auth { .. }), "{err:?}");
+    let shown = format!("{err} {err:?} {wrong:?}");
+    assert!(
+        !shown.contains("wrong-password"),
+        "credentials leaked: {shown}"
+    );
+    let tier_err = wrong
+        .batch_lookup(&unique_keys(1, 36), &ReqContext::new("r"))
+        .await
+        .unwrap_err();
+    assert_eq!(tier_err.kind(), TierErrorKind::Config);
+
+    let right = RedisTier::new(RedisConfig::from_url(format!(
+        "redis://:right-password@127.0.0.1:{}/",
+        server.port
+    )))
+    .unwrap();
+    right.ping().await.unwrap();
+    assert!(!format!("{right:?}").contains("right-password"));
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_fast_typed_error() {
+    let port = support::free_port();
+    let tier = RedisTier::new(RedisConfig {
+        connect_timeout_ms: 200,
+        ..RedisConfig::from_url(format!("redis://127.0.0.1:{port}/"))
+    })
+    .unwrap();
+    let start = Instant::now();
+    let err = tier.exists_many(&unique_keys(4, 36)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RedisTierError::Unavailable { .. } | RedisTierError::Timeout { .. }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(&port.to_string()), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let cluster = RedisTier::new(RedisConfig {
+        connect_timeout_ms: 200,
+        ..RedisConfig::cluster([format!("redis://127.0.0.1:{port}/")])
+    })
+    .unwrap();
+    let err = cluster.exists_many(&unique_keys(4, 36)).await.unwrap_err();
+    assert!(err.tier_kind().is_transient(), "{err:?}");
+}
+
+#[tokio::test]
+async fn bad_configuration_is_a_typed_error() {
+    for config in [
+        RedisConfig {
+            pipeline_chunk: 0,
+            ..RedisConfig::default()
+        },
+        RedisConfig {
+            url: "not a url".into(),
+            ..RedisConfig::default()
+        },
+        RedisConfig {
+            tls_ca_cert: Some("/nonexistent/ca.pem".into()),
+            ..RedisConfig::default()
+        },
+    ] {
+        assert!(matches!(
+            RedisTier::new(config),
+            Err(RedisTierError::InvalidConfig { .. })
+        ));
+    }
+}
+
+/// redis-server on this machine is built with TLS (it links libssl), and
+/// scripts/services.sh starts a TLS node with a certificate it generates.
+#[tokio::test]
+async fn tls_connections_verify_the_server_certificate() {
+    let Some(url) = support::service(
+        "KVTIER_REDIS_TLS_URL",
+        "tls_connections_verify_the_server_certificate",
+    ) else {
+        return;
+    };
+    let Some(ca) = support::service(
+        "KVTIER_REDIS_TLS_CA",
+        "tls_connections_verify_the_server_certificate",
+    ) else {
+        return;
+    };
+    let tier = RedisTier::new(RedisConfig {
+        tls_ca_cert: Some(ca.into()),
+        key_prefix: "kvtier-tls:".into(),
+        ..RedisConfig::from_url(url.clone())
+    })
+    .unwrap();
+    let keys = unique_keys(2, 36);
+    tier.store(&keys[0], b"over tls", None).await.unwrap();
+    assert_eq!(tier.exists_many(&keys).await.unwrap(), [true, false]);
+    assert_eq!(
+        tier.load(&keys[0]).await.unwrap().as_deref(),
+        Some(&b"over tls"[..])
+    );
+    // Without the test CA, the self-made certificate is refused.
+    let untrusted = RedisTier::new(RedisConfig {
+        connect_timeout_ms: 500,
+        ..RedisConfig::from_url(url)
+    })
+    .unwrap();
+    assert!(untrusted.exists_many(&keys).await.is_err());
+}
