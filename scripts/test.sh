@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 export RUST_BACKTRACE=1
 
-echo "== services (real redis-server single node, TLS node and 3-master cluster)"
+echo "== services (redis-server single node, TLS node, 3-master cluster; s3s-fs)"
 bash scripts/services.sh start
 if [ "${KVTIER_KEEP_SERVICES:-0}" != 1 ]; then
   trap 'bash scripts/services.sh stop' EXIT

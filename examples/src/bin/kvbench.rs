@@ -39,6 +39,8 @@ enum Workload {
     Mem,
     /// Redis tier (single node and cluster) next to redis-benchmark.
     W3,
+    /// S3 tier at concurrency 1, 16, 64 next to a raw aws-sdk-s3 HEAD loop.
+    W4,
     /// Disk tier: batch lookups, reopen time, store throughput.
     W5,
     /// Every workload above.
@@ -93,6 +95,19 @@ fn main() -> ExitCode {
             Workload::W2Slow => step_cycle(&cli, true),
             Workload::Mem => mem(&cli),
             Workload::W5 => w5(&cli),
+            Workload::W4 => match w4(&cli) {
+                Ok(more) => {
+                    let Some((last, rest)) = more.split_last() else {
+                        continue;
+                    };
+                    for line in rest {
+                        println!("{line}");
+                        lines.push(line.clone());
+                    }
+                    Ok(last.clone())
+                }
+                Err(e) => Err(e),
+            },
             Workload::W3 => match w3(&cli) {
                 Ok(more) => {
                     let Some((last, rest)) = more.split_last() else {
@@ -1004,4 +1019,205 @@ fn cluster_masters(url: &str) -> Result<Vec<Master>, Failure> {
         return Err("redis-cli cluster slots returned no masters".into());
     }
     Ok(masters)
+}
+
+/// W4: the S3 tier through the manager at concurrency 1, 16 and 64. Preload
+/// 2,000 objects; steps of 256 keys (half present): keys/s with steps issued
+/// back to back, and time-to-verdict p50/p99 of steps issued one at a time
+/// (polled every 0.1 ms). Next to a raw aws-sdk-s3 HEAD loop over the same
+/// keys at the same concurrency, without the manager.
+fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
+    use futures_util::StreamExt;
+    let (Ok(endpoint), Ok(bucket)) = (
+        std::env::var("KVTIER_S3_ENDPOINT"),
+        std::env::var("KVTIER_S3_BUCKET"),
+    ) else {
+        return Err("w4 needs KVTIER_S3_ENDPOINT and KVTIER_S3_BUCKET: run `scripts/services.sh start` and `source .services/env`".into());
+    };
+    const STEP: usize = 256;
+    const PRELOAD: u64 = 2_000;
+    let throughput_steps = if cli.quick { 2 } else { 12 }; // 12 × 128 distinct present keys < 2,000
+    let ttv_steps = if cli.quick { 2 } else { 10 };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let run = Rng::new(cli.seed).next_u64() ^ std::process::id() as u64;
+    let base = tier_s3::S3Config {
+        endpoint: Some(endpoint),
+        force_path_style: true,
+        prefix: format!("kvbench-{run:x}/"),
+        ..tier_s3::S3Config::new(bucket.clone())
+    };
+    let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, 36)).collect();
+    let loader = rt.block_on(tier_s3::S3Tier::new(base.clone()))?;
+    rt.block_on(loader.store_many(preload.iter().map(|k| (k.clone(), vec![0u8; 64])).collect()))?;
+    let names: Vec<String> = preload.iter().map(|k| loader.object_name(k)).collect();
+
+    let mut lines = Vec::new();
+    let mut absent_id = 1u64 << 52;
+    for concurrency in [1usize, 16, 64] {
+        let tier = Arc::new(rt.block_on(tier_s3::S3Tier::new(tier_s3::S3Config {
+            max_concurrent_requests: concurrency,
+            ..base.clone()
+        }))?);
+        let mut m = tier.manager(ManagerConfig {
+            call_timeout_ms: 60_000,
+            ..ManagerConfig::named("s3")
+        })?;
+        let mut make_step = |present: &mut dyn FnMut() -> usize| -> (Vec<OffloadKey>, Vec<bool>) {
+            (0..STEP)
+                .map(|j| {
+                    if j % 2 == 0 {
+                        (preload[present()].clone(), true)
+                    } else {
+                        absent_id += 1;
+                        (key_from_id(absent_id, 36), false)
+                    }
+                })
+                .unzip()
+        };
+        let mut next = 0usize;
+        let steps: Vec<Step> = (0..throughput_steps)
+            .map(|s| {
+                let (keys, truth) = make_step(&mut || {
+                    next += 1;
+                    next - 1
+                });
+                (
+                    ReqContext::new(format!("w4-{concurrency}-{s}")),
+                    keys,
+                    truth,
+                )
+            })
+            .collect();
+        let t = Instant::now();
+        for (ctx, keys, _) in &steps {
+            for k in keys {
+                m.lookup(k, ctx)?;
+            }
+            m.flush();
+        }
+        loop {
+            m.drain_results();
+            let s = m.stats();
+            if s.queued_keys == 0 && s.in_flight_keys == 0 {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(300) {
+                return Err("w4 throughput did not finish within 300 s".into());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let keys_per_s = (throughput_steps * STEP) as f64 / t.elapsed().as_secs_f64();
+        let mut verdict_errors = 0u64;
+        for (ctx, keys, truth) in &steps {
+            for (k, &present) in keys.iter().zip(truth) {
+                if (m.lookup(k, ctx)? == LookupVerdict::Hit) != present {
+                    verdict_errors += 1;
+                }
+            }
+            m.cleanup(ctx.req_id());
+        }
+
+        let mut ttv = Vec::new();
+        let mut rng = Rng::new(cli.seed ^ concurrency as u64);
+        for s in 0..ttv_steps {
+            let ctx = ReqContext::new(format!("w4-ttv-{concurrency}-{s}"));
+            let (keys, truth) = make_step(&mut || rng.below(PRELOAD) as usize);
+            for k in &keys {
+                m.lookup(k, &ctx)?;
+            }
+            let flushed = Instant::now();
+            m.flush();
+            let mut pending: Vec<usize> = (0..STEP).collect();
+            while !pending.is_empty() {
+                std::thread::sleep(Duration::from_micros(100));
+                let now = Instant::now();
+                let mut still = Vec::with_capacity(pending.len());
+                for i in pending {
+                    match m.lookup(&keys[i], &ctx)? {
+                        LookupVerdict::Pending => still.push(i),
+                        v => {
+                            ttv.push(micros(now - flushed));
+                            if (v == LookupVerdict::Hit) != truth[i] {
+                                verdict_errors += 1;
+                            }
+                        }
+                    }
+                }
+                pending = still;
+                if flushed.elapsed() > Duration::from_secs(120) {
+                    return Err("w4 step did not resolve within 120 s".into());
+                }
+            }
+            m.cleanup(ctx.req_id());
+        }
+        let stats = m.stats();
+        m.shutdown();
+
+        // Baseline: the same keys, HEAD by HEAD with the SDK alone.
+        let raw_names: Vec<String> = steps
+            .iter()
+            .flat_map(|(_, keys, _)| {
+                keys.iter()
+                    .map(|k| format!("{}{}", base.prefix, k.to_hex()))
+            })
+            .collect();
+        debug_assert!(names.len() == PRELOAD as usize);
+        let raw_keys_per_s = rt.block_on(async {
+            let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .load()
+                .await;
+            let mut conf = aws_sdk_s3::config::Builder::from(&shared).force_path_style(true);
+            if let Some(endpoint) = &base.endpoint {
+                conf = conf.endpoint_url(endpoint);
+            }
+            let client = aws_sdk_s3::Client::from_conf(conf.build());
+            let t = Instant::now();
+            let heads = raw_names.iter().map(|name| {
+                let client = client.clone();
+                let bucket = bucket.clone();
+                async move {
+                    client
+                        .head_object()
+                        .bucket(bucket)
+                        .key(name)
+                        .send()
+                        .await
+                        .is_ok()
+                }
+            });
+            let found = futures_util::stream::iter(heads)
+                .buffer_unordered(concurrency)
+                .filter(|&f| async move { f })
+                .count()
+                .await;
+            (found, raw_names.len() as f64 / t.elapsed().as_secs_f64())
+        });
+        if raw_keys_per_s.0 != raw_names.len() / 2 {
+            return Err(format!(
+                "raw HEAD loop found {} of {} objects",
+                raw_keys_per_s.0,
+                raw_names.len() / 2
+            )
+            .into());
+        }
+        let raw = raw_keys_per_s.1;
+        lines.push(json!({
+            "workload": "w4",
+            "tier": "s3",
+            "params": { "concurrency": concurrency, "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
+                        "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
+                        "server": "s3s-fs on loopback", "baseline": "aws-sdk-s3 HEAD loop, buffer_unordered(concurrency)" },
+            "keys_per_s": keys_per_s.round(),
+            "baseline_keys_per_s": raw.round(),
+            "ratio": round3(keys_per_s / raw),
+            "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
+            "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
+            "verdict_errors": verdict_errors,
+            "errors": stats.errors + stats.timeouts,
+        }));
+    }
+    Ok(lines)
 }
