@@ -15,7 +15,8 @@
 //! hangs, each request's results are published as soon as its own call
 //! returns, a slow step does not hold back later ones, the backlog is
 //! bounded, and a failed probe is counted apart from a miss and retried.
-//! [`ledger`] documents the state machine.
+//! [`ledger`] documents the state machine. [`TierStack`] asks several tiers
+//! in priority order and says, per leading block, which tier to load from.
 //!
 //! # Example
 //!
@@ -65,6 +66,7 @@ mod error;
 mod key;
 pub mod ledger;
 mod manager;
+mod stack;
 mod stats;
 mod tier;
 mod worker;
@@ -77,6 +79,7 @@ pub use error::{LookupError, ManagerError, TierError, TierErrorKind};
 pub use key::{BuildPrehashed, INLINE_KEY_CAPACITY, OffloadKey, PrehashedHasher, ReqContext};
 pub use ledger::{LookupVerdict, PrefixVerdict};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
+pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
 pub use worker::WakeHook;
