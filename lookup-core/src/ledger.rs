@@ -36,7 +36,11 @@
 //!   share the running probe. The answer then frees it.
 //! - **Failures are not truth.** A failed or timed-out probe answers miss
 //!   (the safe choice for a scheduler) but is counted apart and probed again
-//!   once `failure_backoff` has passed.
+//!   by the first lookup after `failure_backoff`, in the background: the key
+//!   keeps answering miss until the new probe lands, so a failing tier never
+//!   makes a request wait twice.
+//! - **Bounded waits.** A flushed key is answered within two call timeouts:
+//!   one waiting for a free call slot, one in the call.
 //! - **`mark_miss` wins.** After a failed load the scheduler forces a miss;
 //!   no later answer can turn it back into a hit (the livelock of vLLM #49176).
 
@@ -159,6 +163,9 @@ struct KeyState {
     flushed_at: u64,
     /// Whether a verdict for this generation was already returned.
     reported: bool,
+    /// The previous probe failed and this one re-checks it: answer miss
+    /// (not pending) until it lands, so a failure never makes a request wait.
+    revalidating: bool,
 }
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
@@ -246,6 +253,10 @@ pub struct Ledger {
     queued_group: FastMap<Arc<str>, u64>,
     queued_keys: usize,
 
+    /// (deadline in ticks, key, generation) of every flushed key, in flush
+    /// order: a key still waiting for a call at its deadline resolves as a
+    /// timeout, so a saturated or hung tier cannot make keys wait unbounded.
+    queue_deadlines: VecDeque<(u64, OffloadKey, u64)>,
     running: FastMap<CallId, RunningCall>,
     /// Deadlines in start order; one timeout for all calls keeps them sorted.
     deadlines: VecDeque<(Instant, CallId)>,
@@ -282,6 +293,7 @@ impl Ledger {
             next_group_seq: 0,
             queued_group: FastMap::default(),
             queued_keys: 0,
+            queue_deadlines: VecDeque::new(),
             running: FastMap::default(),
             deadlines: VecDeque::new(),
             next_call: 0,
@@ -337,6 +349,7 @@ impl Ledger {
                     last_req: serial,
                     flushed_at: 0,
                     reported: false,
+                    revalidating: false,
                 },
             );
             self.batch.push(BatchEntry {
@@ -362,6 +375,9 @@ impl Ledger {
         let verdict = match state.phase {
             Phase::Present => LookupVerdict::Hit,
             Phase::Absent | Phase::ForcedMiss => LookupVerdict::Miss,
+            Phase::Unsubmitted | Phase::Queued | Phase::InFlight if state.revalidating => {
+                return Ok(LookupVerdict::Miss);
+            }
             Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
                 return Ok(LookupVerdict::Pending);
             }
@@ -369,20 +385,22 @@ impl Ledger {
                 if ticks(self.epoch, now.get()) < retry_at {
                     LookupVerdict::Miss
                 } else {
-                    // Probe again under a new generation: the failure was
-                    // never the truth.
+                    // Probe again under a new generation (the failure was
+                    // never the truth), answering miss meanwhile: a request
+                    // that met the failure does not wait a second time.
                     let generation = self.next_generation;
                     self.next_generation += 1;
                     state.generation = generation;
                     state.phase = Phase::Unsubmitted;
                     state.flushed_at = 0;
-                    state.reported = false;
+                    state.reported = true;
+                    state.revalidating = true;
                     self.batch.push(BatchEntry {
                         key: key.clone(),
                         generation,
                         ctx: ctx.clone(),
                     });
-                    return Ok(LookupVerdict::Pending);
+                    return Ok(LookupVerdict::Miss);
                 }
             }
         };
@@ -461,6 +479,7 @@ impl Ledger {
         }
         let step = self.next_step;
         let flushed_at = ticks(self.epoch, now) + 1;
+        let queue_deadline = ticks(self.epoch, now + self.call_timeout);
         let mut new_groups = 0usize;
         let batch = std::mem::take(&mut self.batch);
         for entry in batch {
@@ -473,6 +492,8 @@ impl Ledger {
             state.phase = Phase::Queued;
             state.flushed_at = flushed_at;
             self.queued_keys += 1;
+            self.queue_deadlines
+                .push_back((queue_deadline, entry.key.clone(), entry.generation));
 
             let front_seq = self.ready.front().map_or(0, |g| g.seq);
             let joinable = self
@@ -683,13 +704,17 @@ impl Ledger {
             self.keys.remove(key);
         } else {
             state.phase = phase;
+            state.revalidating = false;
         }
         true
     }
 
-    /// Resolves as timeouts every call whose deadline is `now` or earlier.
-    /// The worker enforces deadlines too; this is the backstop for a worker
-    /// that cannot (a tier blocking its thread).
+    /// Resolves as timeouts every call whose deadline is `now` or earlier
+    /// (the worker enforces deadlines too; this is the backstop for a worker
+    /// that cannot, such as a tier blocking its thread), and every key still
+    /// waiting for a call a whole call timeout after the flush that queued
+    /// it (all call slots taken by a slow or hung tier). A flushed key so
+    /// gets its verdict within two call timeouts.
     pub fn expire(&mut self, now: Instant) {
         while let Some(&(deadline, id)) = self.deadlines.front() {
             if deadline > now {
@@ -698,6 +723,25 @@ impl Ledger {
             self.deadlines.pop_front();
             if self.running.contains_key(&id) {
                 self.complete(id, CallOutcome::TimedOut, self.call_timeout, now);
+            }
+        }
+        // Keys flushed a whole call timeout ago and still waiting for a call.
+        let now_ticks = ticks(self.epoch, now);
+        let retry_at = ticks(self.epoch, now + self.failure_backoff);
+        while let Some((deadline, _, _)) = self.queue_deadlines.front() {
+            if *deadline > now_ticks {
+                break;
+            }
+            let Some((_, key, generation)) = self.queue_deadlines.pop_front() else {
+                break;
+            };
+            if let Some(state) = self.keys.get_mut(&key)
+                && state.generation == generation
+                && state.phase == Phase::Queued
+            {
+                state.phase = Phase::Failed { retry_at };
+                state.revalidating = false;
+                self.counters.timeouts += 1;
             }
         }
         // Deadlines of calls that finished normally are dropped lazily above;

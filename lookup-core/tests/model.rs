@@ -79,6 +79,10 @@ struct MKey {
     refs: HashSet<u8>,
     phase: MPhase,
     call: Option<CallId>,
+    /// When the flush that queued this probe happened (None: not flushed yet).
+    flushed_at: Option<Instant>,
+    /// Re-probing after a failure: answers miss until the probe lands.
+    revalidating: bool,
 }
 
 /// The naive model: per key, who refers to it and what it answers.
@@ -93,9 +97,12 @@ impl Model {
             refs: HashSet::new(),
             phase: MPhase::Waiting,
             call: None,
+            flushed_at: None,
+            revalidating: false,
         });
         entry.refs.insert(req);
         match entry.phase {
+            MPhase::Waiting if entry.revalidating => LookupVerdict::Miss,
             MPhase::Waiting => LookupVerdict::Pending,
             MPhase::Present => LookupVerdict::Hit,
             MPhase::Absent | MPhase::Forced => LookupVerdict::Miss,
@@ -103,7 +110,9 @@ impl Model {
             MPhase::Failed { .. } => {
                 entry.phase = MPhase::Waiting;
                 entry.call = None;
-                LookupVerdict::Pending
+                entry.flushed_at = None;
+                entry.revalidating = true;
+                LookupVerdict::Miss
             }
         }
     }
@@ -137,6 +146,7 @@ impl Model {
             self.keys.remove(&key);
         } else {
             entry.phase = phase;
+            entry.revalidating = false;
         }
     }
 
@@ -254,6 +264,18 @@ impl Harness {
                 }
             }
         }
+        // Flushed keys still waiting for a call a whole timeout later.
+        let timeout = Duration::from_millis(TIMEOUT_MS);
+        for entry in self.model.keys.values_mut() {
+            if entry.phase == MPhase::Waiting
+                && entry.call.is_none()
+                && entry.flushed_at.is_some_and(|t| t + timeout <= self.now)
+            {
+                entry.phase = MPhase::Failed { retry_at };
+                entry.flushed_at = None;
+                entry.revalidating = false;
+            }
+        }
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
@@ -281,7 +303,17 @@ impl Harness {
                 let want = self.model.prefix(req, &ids, self.now);
                 prop_assert_eq!(got, Ok(want), "prefix req {} keys {:?}", req, ids);
             }
-            Op::Flush => self.ledger.flush(self.now),
+            Op::Flush => {
+                self.ledger.flush(self.now);
+                for entry in self.model.keys.values_mut() {
+                    if entry.phase == MPhase::Waiting
+                        && entry.call.is_none()
+                        && entry.flushed_at.is_none()
+                    {
+                        entry.flushed_at = Some(self.now);
+                    }
+                }
+            }
             Op::StartCalls => self.start_calls()?,
             Op::Deliver { pick, how } => self.deliver(pick, how),
             Op::Advance { ms } => self.advance(ms),
