@@ -3,9 +3,10 @@
 //!
 //! - **Names.** A block's object name is `prefix` plus the lower-case hex of its
 //!   key: URL-safe, with no surprises from encodings.
-//! - **Lookups.** One HEAD per key. The tier caps the requests in flight with one
+//! - **Lookups.** One HEAD per key. The tier caps the reads in flight with one
 //!   limit (`max_concurrent_requests`) shared by every batch, not one per batch. A
-//!   404 is a miss.
+//!   404 is a miss. Writes have a limit of their own, so bulk stores never delay
+//!   lookups.
 //! - **Errors.** 403, a missing bucket or rejected credentials are a typed
 //!   configuration error, logged once and not retried in a loop (the lookup
 //!   manager backs off). Throttling, 5xx and timeouts go through the SDK's
@@ -86,8 +87,9 @@ pub struct S3Config {
     pub secret_access_key: Option<String>,
     /// Session token of temporary credentials.
     pub session_token: Option<String>,
-    /// HEAD, PUT, GET and DELETE requests in flight at once, across all
-    /// batches of this tier. Default 64.
+    /// Reads (HEAD, GET) in flight at once, across all batches of this tier;
+    /// writes (PUT, DELETE) have a separate limit of the same size, so that
+    /// bulk stores never delay lookups. Default 64.
     pub max_concurrent_requests: usize,
     /// Timeout of one attempt of one request, in milliseconds. Default 2000.
     pub request_timeout_ms: u64,
@@ -291,6 +293,9 @@ pub struct S3Tier {
     config: S3Config,
     endpoint: String,
     limit: Arc<Semaphore>,
+    /// Writes (PUT, DELETE) have a limit of their own, so that bulk stores
+    /// never make lookups queue behind them.
+    write_limit: Arc<Semaphore>,
     bucket_checked: OnceCell<()>,
     config_error_logged: AtomicBool,
     in_flight: AtomicUsize,
@@ -374,6 +379,7 @@ impl S3Tier {
         Ok(Self {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
             limit: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+            write_limit: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             endpoint,
             config,
             bucket_checked: OnceCell::new(),
@@ -648,7 +654,7 @@ impl S3Tier {
     pub async fn store(&self, key: &OffloadKey, payload: Vec<u8>) -> Result<()> {
         self.check_bucket().await?;
         let _permit = self
-            .limit
+            .write_limit
             .acquire()
             .await
             .map_err(|_| self.closed("PutObject"))?;
@@ -728,7 +734,7 @@ impl S3Tier {
     pub async fn remove(&self, key: &OffloadKey) -> Result<()> {
         self.check_bucket().await?;
         let _permit = self
-            .limit
+            .write_limit
             .acquire()
             .await
             .map_err(|_| self.closed("DeleteObject"))?;
