@@ -728,21 +728,29 @@ impl Ledger {
         // Keys flushed a whole call timeout ago and still waiting for a call.
         let now_ticks = ticks(self.epoch, now);
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        while let Some((deadline, _, _)) = self.queue_deadlines.front() {
-            if *deadline > now_ticks {
+        while let Some((deadline, key, generation)) = self.queue_deadlines.front() {
+            let still_queued = self
+                .keys
+                .get(key)
+                .is_some_and(|s| s.generation == *generation && s.phase == Phase::Queued);
+            if still_queued && *deadline > now_ticks {
                 break;
             }
-            let Some((_, key, generation)) = self.queue_deadlines.pop_front() else {
+            // Expired, or stale (the key started, resolved or left): either
+            // way the entry goes, which keeps the queue as short as the
+            // keys actually waiting.
+            let Some((_, key, _)) = self.queue_deadlines.pop_front() else {
                 break;
             };
-            if let Some(state) = self.keys.get_mut(&key)
-                && state.generation == generation
-                && state.phase == Phase::Queued
-            {
+            if still_queued && let Some(state) = self.keys.get_mut(&key) {
                 state.phase = Phase::Failed { retry_at };
                 state.revalidating = false;
                 self.counters.timeouts += 1;
             }
+        }
+        if self.queue_deadlines.capacity() > 4 * self.queue_deadlines.len().max(1024) {
+            self.queue_deadlines
+                .shrink_to(2 * self.queue_deadlines.len().max(1024));
         }
         // Deadlines of calls that finished normally are dropped lazily above;
         // keep the queue from growing when nothing expires for a long time.
