@@ -22,6 +22,17 @@ use tier_mock::{MockConfig, MockTier};
 use tier_redis::{RedisConfig, RedisTier};
 use tier_s3::{S3Config, S3Tier};
 
+/// The scenarios drive several servers hard on a 2-core machine: one at a
+/// time, so that phase 2 of the fault scenario measures recovery, not
+/// another test's load.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 const DISK: usize = 0;
 const REDIS: usize = 1;
 const S3: usize = 2;
@@ -253,6 +264,7 @@ fn shared_configs(test: &str) -> Option<(RedisConfig, S3Config)> {
 
 #[test]
 fn thousand_requests_over_disk_redis_and_s3() {
+    let _serial = one_at_a_time();
     let Some((redis, s3)) = shared_configs("thousand_requests_over_disk_redis_and_s3") else {
         return;
     };
@@ -298,6 +310,7 @@ fn thousand_requests_over_disk_redis_and_s3() {
 
 #[test]
 fn faults_in_the_middle() {
+    let _serial = one_at_a_time();
     let test = "faults_in_the_middle";
     let (Some(redis_bin), Some(s3_bin)) = (binary("redis-server", test), binary("s3s-fs", test))
     else {
@@ -480,6 +493,7 @@ fn faults_in_the_middle() {
 
 #[test]
 fn mark_miss_ends_the_failed_load_loop() {
+    let _serial = one_at_a_time();
     let test = "mark_miss_ends_the_failed_load_loop";
     let Some((redis, s3)) = shared_configs(test) else {
         return;
