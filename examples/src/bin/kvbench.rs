@@ -83,12 +83,29 @@ fn main() -> ExitCode {
             Workload::W2,
             Workload::W2Slow,
             Workload::Mem,
+            Workload::W3,
+            Workload::W4,
             Workload::W5,
         ],
         ref one => std::slice::from_ref(one),
     };
     let mut lines = Vec::new();
     for &w in workloads {
+        // `all` runs what is configured: the server workloads need their services.
+        let needs = match w {
+            Workload::W3 => Some("KVTIER_REDIS_URL"),
+            Workload::W4 => Some("KVTIER_S3_ENDPOINT"),
+            _ => None,
+        };
+        if cli.workload == Workload::All
+            && let Some(var) = needs
+            && std::env::var_os(var).is_none()
+        {
+            eprintln!(
+                "kvbench: {w:?} skipped: {var} is not set (run `scripts/services.sh start` and `source .services/env`)"
+            );
+            continue;
+        }
         let result = match w {
             Workload::W1 => w1(&cli),
             Workload::W2 => step_cycle(&cli, false),
@@ -865,68 +882,17 @@ fn w3_one(
             (ReqContext::new(format!("w3-{s}")), keys, truth)
         })
         .collect();
-    let t = Instant::now();
-    for (ctx, keys, _) in &steps {
-        for k in keys {
-            m.lookup(k, ctx)?;
-        }
-        m.flush();
-    }
-    loop {
-        m.drain_results();
-        let s = m.stats();
-        if s.queued_keys == 0 && s.in_flight_keys == 0 {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(120) {
-            return Err("w3 throughput did not finish within 120 s".into());
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    let keys_per_s = (throughput_steps * STEP) as f64 / t.elapsed().as_secs_f64();
-    let mut verdict_errors = 0u64;
-    for (ctx, keys, truth) in &steps {
-        for (k, &present) in keys.iter().zip(truth) {
-            if (m.lookup(k, ctx)? == LookupVerdict::Hit) != present {
-                verdict_errors += 1;
-            }
-        }
-        m.cleanup(ctx.req_id());
-    }
+    let (keys_per_s, mut verdict_errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
 
     // Time to verdict: one step at a time, polled every 0.1 ms.
-    let mut ttv = Vec::with_capacity(ttv_steps * STEP);
-    for s in 0..ttv_steps {
-        let ctx = ReqContext::new(format!("w3-ttv-{s}"));
-        let (keys, truth) = step_keys(&mut |_| preload[rng.below(PRELOAD) as usize].clone());
-        for k in &keys {
-            m.lookup(k, &ctx)?;
-        }
-        let flushed = Instant::now();
-        m.flush();
-        let mut pending: Vec<usize> = (0..STEP).collect();
-        while !pending.is_empty() {
-            std::thread::sleep(Duration::from_micros(100));
-            let now = Instant::now();
-            let mut still = Vec::with_capacity(pending.len());
-            for i in pending {
-                match m.lookup(&keys[i], &ctx)? {
-                    LookupVerdict::Pending => still.push(i),
-                    v => {
-                        ttv.push(micros(now - flushed));
-                        if (v == LookupVerdict::Hit) != truth[i] {
-                            verdict_errors += 1;
-                        }
-                    }
-                }
-            }
-            pending = still;
-            if flushed.elapsed() > Duration::from_secs(30) {
-                return Err("w3 step did not resolve within 30 s".into());
-            }
-        }
-        m.cleanup(ctx.req_id());
-    }
+    let ttv_work: Vec<Step> = (0..ttv_steps)
+        .map(|s| {
+            let (keys, truth) = step_keys(&mut |_| preload[rng.below(PRELOAD) as usize].clone());
+            (ReqContext::new(format!("w3-ttv-{s}")), keys, truth)
+        })
+        .collect();
+    let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
+    verdict_errors += errors;
     let stats = m.stats();
     m.shutdown();
 
@@ -1091,68 +1057,21 @@ fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
                 )
             })
             .collect();
-        let t = Instant::now();
-        for (ctx, keys, _) in &steps {
-            for k in keys {
-                m.lookup(k, ctx)?;
-            }
-            m.flush();
-        }
-        loop {
-            m.drain_results();
-            let s = m.stats();
-            if s.queued_keys == 0 && s.in_flight_keys == 0 {
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(300) {
-                return Err("w4 throughput did not finish within 300 s".into());
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        let keys_per_s = (throughput_steps * STEP) as f64 / t.elapsed().as_secs_f64();
-        let mut verdict_errors = 0u64;
-        for (ctx, keys, truth) in &steps {
-            for (k, &present) in keys.iter().zip(truth) {
-                if (m.lookup(k, ctx)? == LookupVerdict::Hit) != present {
-                    verdict_errors += 1;
-                }
-            }
-            m.cleanup(ctx.req_id());
-        }
-
-        let mut ttv = Vec::new();
+        let (keys_per_s, mut verdict_errors) =
+            back_to_back(&mut m, &steps, Duration::from_secs(300))?;
         let mut rng = Rng::new(cli.seed ^ concurrency as u64);
-        for s in 0..ttv_steps {
-            let ctx = ReqContext::new(format!("w4-ttv-{concurrency}-{s}"));
-            let (keys, truth) = make_step(&mut || rng.below(PRELOAD) as usize);
-            for k in &keys {
-                m.lookup(k, &ctx)?;
-            }
-            let flushed = Instant::now();
-            m.flush();
-            let mut pending: Vec<usize> = (0..STEP).collect();
-            while !pending.is_empty() {
-                std::thread::sleep(Duration::from_micros(100));
-                let now = Instant::now();
-                let mut still = Vec::with_capacity(pending.len());
-                for i in pending {
-                    match m.lookup(&keys[i], &ctx)? {
-                        LookupVerdict::Pending => still.push(i),
-                        v => {
-                            ttv.push(micros(now - flushed));
-                            if (v == LookupVerdict::Hit) != truth[i] {
-                                verdict_errors += 1;
-                            }
-                        }
-                    }
-                }
-                pending = still;
-                if flushed.elapsed() > Duration::from_secs(120) {
-                    return Err("w4 step did not resolve within 120 s".into());
-                }
-            }
-            m.cleanup(ctx.req_id());
-        }
+        let ttv_work: Vec<Step> = (0..ttv_steps)
+            .map(|s| {
+                let (keys, truth) = make_step(&mut || rng.below(PRELOAD) as usize);
+                (
+                    ReqContext::new(format!("w4-ttv-{concurrency}-{s}")),
+                    keys,
+                    truth,
+                )
+            })
+            .collect();
+        let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(120))?;
+        verdict_errors += errors;
         let stats = m.stats();
         m.shutdown();
 
@@ -1220,4 +1139,88 @@ fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
         }));
     }
     Ok(lines)
+}
+
+/// Issues every step at once (lookups, then a flush per step), waits until
+/// nothing is queued or in flight, then checks every verdict against the
+/// truth and cleans up. Returns keys/s and the number of wrong verdicts.
+fn back_to_back<T: lookup_core::Tier>(
+    m: &mut AsyncLookupManager<T>,
+    steps: &[Step],
+    limit: Duration,
+) -> Result<(f64, u64), Failure> {
+    let t = Instant::now();
+    for (ctx, keys, _) in steps {
+        for k in keys {
+            m.lookup(k, ctx)?;
+        }
+        m.flush();
+    }
+    loop {
+        m.drain_results();
+        let s = m.stats();
+        if s.queued_keys == 0 && s.in_flight_keys == 0 {
+            break;
+        }
+        if t.elapsed() > limit {
+            return Err(
+                format!("steps issued back to back did not finish within {limit:?}").into(),
+            );
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let keys: usize = steps.iter().map(|s| s.1.len()).sum();
+    let keys_per_s = keys as f64 / t.elapsed().as_secs_f64();
+    let mut verdict_errors = 0;
+    for (ctx, keys, truth) in steps {
+        for (k, &present) in keys.iter().zip(truth) {
+            if (m.lookup(k, ctx)? == LookupVerdict::Hit) != present {
+                verdict_errors += 1;
+            }
+        }
+        m.cleanup(ctx.req_id());
+    }
+    Ok((keys_per_s, verdict_errors))
+}
+
+/// Runs steps one at a time: lookups, flush, then polls every 0.1 ms until
+/// every key has a verdict. Returns each key's time to verdict (µs, from the
+/// flush) and the number of wrong verdicts.
+fn polled<T: lookup_core::Tier>(
+    m: &mut AsyncLookupManager<T>,
+    steps: Vec<Step>,
+    limit: Duration,
+) -> Result<(Vec<f64>, u64), Failure> {
+    let mut ttv = Vec::new();
+    let mut verdict_errors = 0;
+    for (ctx, keys, truth) in steps {
+        for k in &keys {
+            m.lookup(k, &ctx)?;
+        }
+        let flushed = Instant::now();
+        m.flush();
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        while !pending.is_empty() {
+            std::thread::sleep(Duration::from_micros(100));
+            let now = Instant::now();
+            let mut still = Vec::with_capacity(pending.len());
+            for i in pending {
+                match m.lookup(&keys[i], &ctx)? {
+                    LookupVerdict::Pending => still.push(i),
+                    v => {
+                        ttv.push(micros(now - flushed));
+                        if (v == LookupVerdict::Hit) != truth[i] {
+                            verdict_errors += 1;
+                        }
+                    }
+                }
+            }
+            pending = still;
+            if flushed.elapsed() > limit {
+                return Err(format!("a step did not resolve within {limit:?}").into());
+            }
+        }
+        m.cleanup(ctx.req_id());
+    }
+    Ok((ttv, verdict_errors))
 }

@@ -1,26 +1,29 @@
 //! scheduler_sim: a vLLM-like scheduler loop over kvtier, the project's main job.
 //!
-//! Two secondary tiers, each behind its own `AsyncLookupManager`: the disk
-//! tier in a temporary directory (fast, small, evicting) and the mock tier
-//! as a slower remote tier that keeps everything. Requests arrive with
-//! prompts that share system-prompt prefixes. Every step the scheduler asks,
-//! for each waiting request, how many leading blocks exist in either tier
-//! (disk first), never waiting for a tier. A request whose answer is ready
-//! is scheduled and its blocks are loaded: from disk for real (payload and
-//! checksum), from the remote with an injected failure rate. A failed load
-//! marks the block missing in that tier with `mark_miss`, which ends the
-//! retry loop, and the request asks again. After its compute time a
-//! request's blocks are stored in both tiers. The step ends with `flush` on
-//! both managers. A summary follows.
+//! Secondary tiers in one `TierStack`, in priority order: the disk tier in a
+//! temporary directory (the embedded default: fast, small, evicting), then
+//! whatever the flags add (`--redis`, `--redis-cluster`, `--s3`), then the
+//! mock tier as a slow remote tier that keeps everything. Requests arrive
+//! with prompts that share system-prompt prefixes (and follow-up turns that
+//! extend earlier prompts). Every step the scheduler asks, for each waiting
+//! request, how many leading blocks exist anywhere and where, never waiting
+//! for a tier. A request whose answer is ready is scheduled and its blocks
+//! are loaded: from disk for real (payload and checksum), from other tiers
+//! with an injected failure rate. A failed load marks the block missing in
+//! its tier (`mark_miss`), which ends the retry loop, and the request asks
+//! again. After its compute time a request's blocks are written to every
+//! tier (remote tiers in the background). The step ends with `flush`.
 //!
 //! ```text
 //! cargo run --release -p examples --bin scheduler_sim
-//! cargo run --release -p examples --bin scheduler_sim -- --steps 5000 --mock-latency-us 800 --json
+//! cargo run --release -p examples --bin scheduler_sim -- --redis redis://127.0.0.1:16379/ \
+//!     --s3 kvtier-test --s3-endpoint http://127.0.0.1:19000 --plot ttv.svg
 //! ```
 
 #![warn(clippy::unwrap_used)]
 
 use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,13 +31,16 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use examples::{Rng, key_from_id, micros, quantile};
 use lookup_core::{
-    AsyncLookupManager, LookupVerdict, ManagerConfig, ManagerStats, OffloadKey, ReqContext, Tier,
+    AsyncLookupManager, ManagerConfig, ManagerStats, OffloadKey, ReqContext, StackVerdict,
+    TierStack,
 };
 use serde_json::json;
 use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use tier_mock::{MockConfig, MockTier};
+use tier_redis::{RedisConfig, RedisTier};
+use tier_s3::{S3Config, S3Tier};
 
-/// Simulates a vLLM-like scheduler asking a secondary tier for cached prefixes.
+/// Simulates a vLLM-like scheduler asking secondary tiers for cached prefixes.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -53,33 +59,51 @@ struct Cli {
     /// Blocks of each request's own text (at most this many, at least 1).
     #[arg(long, default_value_t = 16)]
     user_blocks: usize,
+    /// Fraction of requests that are follow-up turns of an earlier one.
+    #[arg(long, default_value_t = 0.3)]
+    follow_ups: f64,
     /// Simulated model execution per step, in microseconds (the scheduler sleeps).
     #[arg(long, default_value_t = 1000)]
     step_us: u64,
     /// Steps a scheduled request computes before its blocks are stored.
     #[arg(long, default_value_t = 10)]
     compute_steps: usize,
-    /// Latency of the mock tier's lookups, in microseconds.
-    #[arg(long, default_value_t = 300)]
-    mock_latency_us: u64,
-    /// Jitter added to the mock tier's latency, in microseconds.
-    #[arg(long, default_value_t = 400)]
-    mock_jitter_us: u64,
-    /// Probability that loading a block from the remote tier fails (exercises mark_miss).
-    #[arg(long, default_value_t = 0.01)]
-    load_failure: f64,
-    /// Fraction of requests that are follow-up turns of an earlier one.
-    #[arg(long, default_value_t = 0.3)]
-    follow_ups: f64,
     /// Directory of the disk tier (default: a temporary directory, removed at the end).
     #[arg(long)]
-    disk_dir: Option<std::path::PathBuf>,
+    disk_dir: Option<PathBuf>,
     /// Capacity of the disk tier, in MiB (small, so that it evicts).
     #[arg(long, default_value_t = 32)]
     disk_capacity_mib: u64,
     /// Bytes of KV data per block.
     #[arg(long, default_value_t = 16 << 10)]
     block_bytes: usize,
+    /// Add a Redis tier at this URL (after disk).
+    #[arg(long)]
+    redis: Option<String>,
+    /// Add a Redis Cluster tier with these seed URLs, comma-separated.
+    #[arg(long)]
+    redis_cluster: Option<String>,
+    /// Add an S3 tier with this bucket (credentials from the AWS chain).
+    #[arg(long)]
+    s3: Option<String>,
+    /// Endpoint of the S3-compatible server (path-style addressing).
+    #[arg(long)]
+    s3_endpoint: Option<String>,
+    /// Leave out the mock remote tier.
+    #[arg(long)]
+    no_mock: bool,
+    /// Latency of the mock tier's lookups, in microseconds.
+    #[arg(long, default_value_t = 300)]
+    mock_latency_us: u64,
+    /// Jitter added to the mock tier's latency, in microseconds.
+    #[arg(long, default_value_t = 400)]
+    mock_jitter_us: u64,
+    /// Probability that loading a block from a tier other than disk fails (exercises mark_miss).
+    #[arg(long, default_value_t = 0.01)]
+    load_failure: f64,
+    /// Write an SVG plot of the time-to-answer CDF (per request, arrival to answer).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -91,6 +115,7 @@ struct Cli {
 struct Request {
     ctx: ReqContext,
     keys: Vec<OffloadKey>,
+    arrived: Instant,
     arrived_step: usize,
 }
 
@@ -99,9 +124,28 @@ struct Running {
     done_step: usize,
 }
 
+/// A tier of the stack, as the simulation stores into and loads from it.
+enum Backend {
+    Disk(Arc<DiskTier>),
+    Redis(Arc<RedisTier>),
+    S3(Arc<S3Tier>),
+    Mock(Arc<MockTier>),
+}
+
+struct SimTier {
+    backend: Backend,
+    /// Blocks whose store was issued: a hit for any other block is a verdict error.
+    stored: HashSet<OffloadKey>,
+}
+
 fn system_block(prompt: u64, i: usize) -> OffloadKey {
     // A chained content hash in vLLM; here a stable id per (prompt, position).
     key_from_id((prompt << 32) | i as u64, 36)
+}
+
+fn block_payload(key: &OffloadKey, len: usize) -> Vec<u8> {
+    let seed = key.as_bytes();
+    (0..len).map(|i| seed[i % seed.len()] ^ (i as u8)).collect()
 }
 
 fn main() -> ExitCode {
@@ -114,8 +158,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match run(&cli) {
-        Ok(ok) if ok => ExitCode::SUCCESS,
-        Ok(_) => ExitCode::FAILURE,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(err) => {
             eprintln!("scheduler_sim: {err}");
             ExitCode::FAILURE
@@ -123,55 +167,36 @@ fn main() -> ExitCode {
     }
 }
 
-/// Where a leading block was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
-    Disk,
-    Remote,
-}
-
-/// The scan over both tiers: block by block, disk first, then remote; a
-/// block missing in both ends the prefix; a block whose answer is pending
-/// in a tier that comes before any tier known to hold it makes the whole
-/// answer pending (every unresolved block is still registered, so the
-/// prompt resolves in one round trip).
-fn stacked_prefix<A: Tier, B: Tier>(
-    disk: &mut AsyncLookupManager<A>,
-    remote: &mut AsyncLookupManager<B>,
-    keys: &[OffloadKey],
-    ctx: &ReqContext,
-) -> Result<Option<Vec<Source>>, lookup_core::LookupError> {
-    let mut found = Vec::new();
-    let mut pending = false;
-    for key in keys {
-        let source = match disk.lookup(key, ctx)? {
-            LookupVerdict::Hit => Some(Source::Disk),
-            verdict => {
-                let on_disk_pending = verdict == LookupVerdict::Pending;
-                match remote.lookup(key, ctx)? {
-                    LookupVerdict::Hit if !on_disk_pending => Some(Source::Remote),
-                    LookupVerdict::Miss if !on_disk_pending => None,
-                    _ => {
-                        pending = true;
-                        Some(Source::Remote) // placeholder while pending
-                    }
-                }
-            }
+fn prompts(cli: &Cli, rng: &mut Rng) -> Vec<Vec<OffloadKey>> {
+    let mut next_user_block = 1u64 << 48;
+    let mut prompts: Vec<Vec<OffloadKey>> = Vec::with_capacity(cli.requests);
+    for i in 0..cli.requests {
+        // A follow-up turn extends an earlier conversation, which by then
+        // may have been evicted from the small disk tier.
+        let mut keys: Vec<OffloadKey> = if i > 100 && rng.chance(cli.follow_ups) {
+            let earlier = i - 50 - rng.below((i - 50).min(400) as u64) as usize;
+            prompts[earlier].clone()
+        } else {
+            let prompt = rng.below(cli.system_prompts.max(1));
+            (0..cli.system_blocks)
+                .map(|b| system_block(prompt, b))
+                .collect()
         };
-        match source {
-            Some(s) => found.push(s),
-            None => break,
+        for _ in 0..1 + rng.below(cli.user_blocks.max(1) as u64) {
+            next_user_block += 1;
+            keys.push(key_from_id(next_user_block, 36));
         }
+        prompts.push(keys);
     }
-    Ok((!pending).then_some(found))
+    prompts
 }
 
-fn block_payload(key: &OffloadKey, len: usize) -> Vec<u8> {
-    let seed = key.as_bytes();
-    (0..len).map(|i| seed[i % seed.len()] ^ (i as u8)).collect()
-}
-
+#[allow(clippy::too_many_lines)]
 fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     let temp = match &cli.disk_dir {
         Some(_) => None,
         None => Some(tempfile::Builder::new().prefix("kvtier-sim").tempdir()?),
@@ -188,67 +213,108 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         fsync: FsyncPolicy::Never,
         ..DiskConfig::new(&disk_dir)
     })?);
-    let remote = Arc::new(MockTier::new(MockConfig {
-        seed: cli.seed,
-        latency_us: cli.mock_latency_us,
-        jitter_us: cli.mock_jitter_us,
-        record_calls: false,
-        ..MockConfig::default()
-    }));
-    let mut disk_mgr = disk.manager(ManagerConfig::named("disk"))?;
-    let mut remote_mgr =
-        AsyncLookupManager::from_arc(Arc::clone(&remote), ManagerConfig::named("remote"))?;
+
+    // The stack, fastest first.
+    let mut stack = TierStack::default();
+    let mut tiers: Vec<SimTier> = Vec::new();
+    stack.push(Box::new(disk.manager(ManagerConfig::named("disk"))?));
+    tiers.push(SimTier {
+        backend: Backend::Disk(Arc::clone(&disk)),
+        stored: HashSet::new(),
+    });
+    let run_prefix = format!(
+        "sim-{:x}:",
+        Rng::new(cli.seed ^ u64::from(std::process::id())).next_u64()
+    );
+    for (name, config) in [
+        ("redis", cli.redis.as_ref().map(RedisConfig::from_url)),
+        (
+            "redis-cluster",
+            cli.redis_cluster
+                .as_ref()
+                .map(|urls| RedisConfig::cluster(urls.split(','))),
+        ),
+    ] {
+        let Some(config) = config else { continue };
+        let tier = Arc::new(RedisTier::new(RedisConfig {
+            key_prefix: run_prefix.clone(),
+            ..config
+        })?);
+        rt.block_on(tier.ping())?;
+        stack.push(Box::new(tier.manager(ManagerConfig::named(name))?));
+        tiers.push(SimTier {
+            backend: Backend::Redis(tier),
+            stored: HashSet::new(),
+        });
+    }
+    if let Some(bucket) = &cli.s3 {
+        let tier = Arc::new(rt.block_on(S3Tier::new(S3Config {
+            endpoint: cli.s3_endpoint.clone(),
+            force_path_style: cli.s3_endpoint.is_some(),
+            prefix: run_prefix.replace(':', "/"),
+            ..S3Config::new(bucket)
+        }))?);
+        stack.push(Box::new(tier.manager(ManagerConfig::named("s3"))?));
+        tiers.push(SimTier {
+            backend: Backend::S3(tier),
+            stored: HashSet::new(),
+        });
+    }
+    if !cli.no_mock {
+        let mock = Arc::new(MockTier::new(MockConfig {
+            seed: cli.seed,
+            latency_us: cli.mock_latency_us,
+            jitter_us: cli.mock_jitter_us,
+            record_calls: false,
+            ..MockConfig::default()
+        }));
+        stack.push(Box::new(AsyncLookupManager::from_arc(
+            Arc::clone(&mock),
+            ManagerConfig::named("mock"),
+        )?));
+        tiers.push(SimTier {
+            backend: Backend::Mock(mock),
+            stored: HashSet::new(),
+        });
+    }
 
     let mut rng = Rng::new(cli.seed);
-    let mut next_user_block = 1u64 << 48;
-    let mut prompts: Vec<Vec<OffloadKey>> = Vec::with_capacity(cli.requests);
-    for i in 0..cli.requests {
-        // A follow-up turn extends an earlier conversation, which by then
-        // may have been evicted from the small disk tier.
-        let mut keys: Vec<OffloadKey> = if i > 100 && rng.chance(cli.follow_ups) {
-            let earlier = i - 50 - rng.below((i - 50).min(400) as u64) as usize;
-            prompts[earlier].clone()
-        } else {
-            let prompt = rng.below(cli.system_prompts.max(1));
-            (0..cli.system_blocks)
-                .map(|b| system_block(prompt, b))
-                .collect()
-        };
-        let own = 1 + rng.below(cli.user_blocks.max(1) as u64) as usize;
-        for _ in 0..own {
-            next_user_block += 1;
-            keys.push(key_from_id(next_user_block, 36));
-        }
-        prompts.push(keys);
-    }
-    let mut incoming: VecDeque<Request> = prompts
+    let mut incoming: VecDeque<Request> = prompts(cli, &mut rng)
         .into_iter()
         .enumerate()
         .map(|(i, keys)| Request {
             ctx: ReqContext::new(format!("req-{i}")),
             keys,
+            arrived: Instant::now(),
             arrived_step: 0,
         })
         .collect();
     // Arrivals spread evenly over the first 80% of the run.
-    let arrival_span = (cli.steps * 4 / 5).max(1);
-    let per_step = cli.requests.div_ceil(arrival_span);
+    let per_step = cli.requests.div_ceil((cli.steps * 4 / 5).max(1));
 
-    let mut stored_on_disk: HashSet<OffloadKey> = HashSet::new();
+    let progress = indicatif::ProgressBar::new(cli.requests as u64);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} requests {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     let mut waiting: Vec<Request> = Vec::new();
     let mut running: Vec<Running> = Vec::new();
-    let (mut sched_us, mut wait_steps) = (Vec::new(), Vec::new());
-    let (mut finished, mut blocks_asked, mut from_disk, mut from_remote) =
+    let mut pending_stores = Vec::new();
+    let (mut sched_us, mut wait_steps, mut answer_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let mut from = vec![0usize; tiers.len()];
+    let (mut finished, mut blocks_asked, mut failed_loads, mut verdict_errors) =
         (0usize, 0usize, 0usize, 0usize);
-    let (mut failed_loads, mut verdict_errors) = (0usize, 0usize);
     let started = Instant::now();
     let mut step = 0;
-    while step < cli.steps || !waiting.is_empty() || !running.is_empty() {
+    while step < cli.steps || !waiting.is_empty() || !running.is_empty() || !incoming.is_empty() {
         if step > cli.steps * 4 + 10_000 {
             return Err("requests still unfinished long after the last step".into());
         }
         for _ in 0..per_step {
             if let Some(mut r) = incoming.pop_front() {
+                r.arrived = Instant::now();
                 r.arrived_step = step;
                 waiting.push(r);
             }
@@ -257,8 +323,8 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         let mut load_time = Duration::ZERO;
         let mut still_waiting = Vec::with_capacity(waiting.len());
         'requests: for request in waiting.drain(..) {
-            let Some(sources) =
-                stacked_prefix(&mut disk_mgr, &mut remote_mgr, &request.keys, &request.ctx)?
+            let StackVerdict::Ready { locations } =
+                stack.lookup_prefix(&request.keys, &request.ctx)?
             else {
                 still_waiting.push(request);
                 continue;
@@ -267,90 +333,124 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
             // tier and the request asks again next step. (Loads are timed
             // apart: an engine runs them off the scheduler thread.)
             let load_start = Instant::now();
-            for (key, source) in request.keys.iter().zip(&sources) {
-                let loaded = match source {
-                    Source::Disk => {
-                        if !stored_on_disk.contains(key) {
-                            verdict_errors += 1; // a hit for a block never stored there
-                        }
-                        // Evicted since the lookup answered: a real failed load.
-                        disk.load(key)?
-                            .is_some_and(|bytes| bytes == block_payload(key, cli.block_bytes))
-                    }
-                    Source::Remote => {
-                        if !remote.contains(key) {
-                            verdict_errors += 1;
-                        }
-                        !rng.chance(cli.load_failure)
-                    }
+            for (key, &t) in request.keys.iter().zip(&locations) {
+                if !tiers[t].stored.contains(key) {
+                    verdict_errors += 1; // a hit for a block never written there
+                }
+                let loaded = match &tiers[t].backend {
+                    Backend::Disk(disk) => disk
+                        .load(key)?
+                        .is_some_and(|b| b == block_payload(key, cli.block_bytes)),
+                    _ => !rng.chance(cli.load_failure),
                 };
                 if !loaded {
                     load_time += load_start.elapsed();
                     failed_loads += 1;
-                    match source {
-                        Source::Disk => disk_mgr.mark_miss([key]),
-                        Source::Remote => remote_mgr.mark_miss([key]),
-                    }
+                    stack.mark_miss(t, std::slice::from_ref(key));
                     still_waiting.push(request);
                     continue 'requests;
                 }
             }
             load_time += load_start.elapsed();
             blocks_asked += request.keys.len();
-            from_disk += sources.iter().filter(|s| **s == Source::Disk).count();
-            from_remote += sources.iter().filter(|s| **s == Source::Remote).count();
+            for &t in &locations {
+                from[t] += 1;
+            }
             wait_steps.push((step - request.arrived_step) as f64);
+            answer_ms.push(request.arrived.elapsed().as_secs_f64() * 1e3);
             running.push(Running {
                 request,
                 done_step: step + cli.compute_steps,
             });
         }
         waiting = still_waiting;
-        disk_mgr.flush();
-        remote_mgr.flush();
+        stack.flush();
         sched_us.push(micros(t0.elapsed().saturating_sub(load_time)));
 
-        // Requests done computing store their blocks in both tiers and leave.
+        // Requests done computing write their blocks to every tier and leave.
         let mut done = Vec::new();
         running.retain_mut(|r| {
             if r.done_step > step {
                 return true;
             }
             done.push(std::mem::take(&mut r.request.keys));
-            disk_mgr.cleanup(r.request.ctx.req_id());
-            remote_mgr.cleanup(r.request.ctx.req_id());
-            finished += 1;
+            stack.cleanup(r.request.ctx.req_id());
             false
         });
         for keys in done {
-            for key in &keys {
-                disk.store(key, &block_payload(key, cli.block_bytes))?;
-                stored_on_disk.insert(key.clone());
+            finished += 1;
+            progress.inc(1);
+            for tier in &mut tiers {
+                tier.stored.extend(keys.iter().cloned());
+                match &tier.backend {
+                    Backend::Disk(disk) => {
+                        for key in &keys {
+                            disk.store(key, &block_payload(key, cli.block_bytes))?;
+                        }
+                    }
+                    Backend::Mock(mock) => mock.insert(keys.iter().cloned()),
+                    Backend::Redis(redis) => {
+                        let redis = Arc::clone(redis);
+                        let blocks: Vec<(OffloadKey, Vec<u8>)> = keys
+                            .iter()
+                            .map(|k| (k.clone(), block_payload(k, 64)))
+                            .collect();
+                        pending_stores.push(rt.spawn(async move {
+                            redis
+                                .store_many(&blocks, Some(Duration::from_secs(3600)))
+                                .await
+                                .is_ok()
+                        }));
+                    }
+                    Backend::S3(s3) => {
+                        let s3 = Arc::clone(s3);
+                        let blocks: Vec<(OffloadKey, Vec<u8>)> = keys
+                            .iter()
+                            .map(|k| (k.clone(), block_payload(k, 64)))
+                            .collect();
+                        pending_stores
+                            .push(rt.spawn(async move { s3.store_many(blocks).await.is_ok() }));
+                    }
+                }
             }
-            remote.insert(keys);
         }
         step += 1;
         std::thread::sleep(Duration::from_micros(cli.step_us));
     }
+    progress.finish_and_clear();
     let wall = started.elapsed();
+    let failed_stores = rt.block_on(async {
+        let mut failed = 0;
+        for store in pending_stores {
+            if !store.await.unwrap_or(false) {
+                failed += 1;
+            }
+        }
+        failed
+    });
     let idle_deadline = Instant::now() + Duration::from_secs(5);
-    while !(disk_mgr.is_idle() && remote_mgr.is_idle()) && Instant::now() < idle_deadline {
-        disk_mgr.drain_results();
-        remote_mgr.drain_results();
+    while !stack.is_idle() && Instant::now() < idle_deadline {
+        stack.drain_results();
         std::thread::sleep(Duration::from_millis(1));
     }
-    let state_empty = disk_mgr.is_idle() && remote_mgr.is_idle();
-    let tiers = [disk_mgr.stats(), remote_mgr.stats()];
+    let state_empty = stack.is_idle();
+    let stats = stack.stats();
     let disk_stats = disk.stats();
-    disk_mgr.shutdown();
-    remote_mgr.shutdown();
-    drop(disk_mgr);
-    drop(remote_mgr);
+    stack.shutdown();
 
-    let hit_rate = (from_disk + from_remote) as f64 / blocks_asked.max(1) as f64;
-    let tier_json = |t: &ManagerStats| {
+    if let Some(path) = &cli.plot {
+        std::fs::write(
+            path,
+            cdf_svg(
+                "time to answer per request (ms, arrival to answer)",
+                &mut answer_ms.clone(),
+            ),
+        )?;
+    }
+    let hit_rate = from.iter().sum::<usize>() as f64 / blocks_asked.max(1) as f64;
+    let tier_json = |t: &ManagerStats, blocks: usize| {
         json!({
-            "tier": t.tier, "lookups": t.lookups, "hits": t.hits, "misses": t.misses,
+            "tier": t.tier, "blocks_served": blocks, "lookups": t.lookups, "hits": t.hits, "misses": t.misses,
             "errors": t.errors, "timeouts": t.timeouts, "forced_misses": t.forced_misses,
             "ttv_p50_us": t.time_to_verdict.p50_us, "ttv_p99_us": t.time_to_verdict.p99_us,
             "tier_call_p50_us": t.tier_call_latency.p50_us, "tier_call_p99_us": t.tier_call_latency.p99_us,
@@ -360,50 +460,47 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         "steps": step,
         "requests_finished": finished,
         "prefix_hit_rate": (hit_rate * 1000.0).round() / 1000.0,
-        "blocks_from_disk": from_disk,
-        "blocks_from_remote": from_remote,
         "failed_loads_marked_miss": failed_loads,
+        "failed_background_stores": failed_stores,
         "verdict_errors": verdict_errors,
         "disk_evicted_segments": disk_stats.evicted_segments,
-        "disk_bytes_used": disk_stats.bytes_used,
         "scheduler_us_per_step_note": "lookups and flushes; block loads and stores excluded",
         "scheduler_us_per_step_p50": quantile(&mut sched_us, 0.5).round(),
         "scheduler_us_per_step_p99": quantile(&mut sched_us, 0.99).round(),
         "wait_steps_p50": quantile(&mut wait_steps, 0.5),
         "wait_steps_p99": quantile(&mut wait_steps, 0.99),
+        "answer_ms_p50": (quantile(&mut answer_ms, 0.5) * 100.0).round() / 100.0,
+        "answer_ms_p99": (quantile(&mut answer_ms, 0.99) * 100.0).round() / 100.0,
         "state_empty_after_cleanup": state_empty,
         "wall_s": (wall.as_secs_f64() * 100.0).round() / 100.0,
-        "tiers": [tier_json(&tiers[0]), tier_json(&tiers[1])],
+        "tiers": stats.iter().zip(&from).map(|(t, &n)| tier_json(t, n)).collect::<Vec<_>>(),
     });
     if cli.json {
         println!("{summary}");
     } else {
         println!(
-            "scheduler_sim: {step} steps, {finished} requests finished in {:.2} s (disk tier in {})",
+            "scheduler_sim: {step} steps, {finished} requests in {:.2} s; tiers: {} (disk in {})",
             wall.as_secs_f64(),
+            stack.tier_names().join(" > "),
             disk_dir.display()
         );
         println!(
-            "prefix hit rate {:.1}%: {from_disk} blocks from disk, {from_remote} from remote; {failed_loads} failed loads marked missing; {verdict_errors} verdict errors",
-            hit_rate * 100.0
+            "prefix hit rate {:.1}%; {failed_loads} failed loads marked missing; {verdict_errors} verdict errors; disk evicted {} segments",
+            hit_rate * 100.0,
+            disk_stats.evicted_segments
         );
         println!(
-            "disk: {} segments evicted, {} MiB used of {}",
-            disk_stats.evicted_segments,
-            disk_stats.bytes_used >> 20,
-            capacity >> 20
-        );
-        println!(
-            "scheduler per step p50 / p99: {} / {} µs; steps waiting p50 / p99: {} / {}; state empty after cleanup: {state_empty}",
+            "scheduler per step p50 / p99: {} / {} µs; time to answer p50 / p99: {} / {} ms; state empty after cleanup: {state_empty}",
             summary["scheduler_us_per_step_p50"],
             summary["scheduler_us_per_step_p99"],
-            summary["wait_steps_p50"],
-            summary["wait_steps_p99"]
+            summary["answer_ms_p50"],
+            summary["answer_ms_p99"]
         );
         println!();
         println!(
-            "{:<8} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>16} {:>16}",
+            "{:<14} {:>8} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>16} {:>16}",
             "tier",
+            "served",
             "lookups",
             "hits",
             "misses",
@@ -413,10 +510,11 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
             "ttv p50/p99 µs",
             "call p50/p99 µs"
         );
-        for t in &tiers {
+        for (t, n) in stats.iter().zip(&from) {
             println!(
-                "{:<8} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>16} {:>16}",
+                "{:<14} {:>8} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>16} {:>16}",
                 t.tier,
+                n,
                 t.lookups,
                 t.hits,
                 t.misses,
@@ -430,6 +528,45 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
                 ),
             );
         }
+        if let Some(path) = &cli.plot {
+            println!("\nplot written to {}", path.display());
+        }
     }
-    Ok(verdict_errors == 0 && state_empty && finished == cli.requests)
+    Ok(verdict_errors == 0 && state_empty && finished == cli.requests && failed_stores == 0)
+}
+
+/// An SVG of the empirical CDF of `samples`.
+fn cdf_svg(title: &str, samples: &mut [f64]) -> String {
+    samples.sort_by(f64::total_cmp);
+    let (w, h, pad) = (640.0, 400.0, 50.0);
+    let max = samples.last().copied().unwrap_or(1.0).max(1e-9);
+    let n = samples.len().max(1) as f64;
+    let mut points = String::new();
+    for (i, v) in samples.iter().enumerate() {
+        let x = pad + v / max * (w - 2.0 * pad);
+        let y = h - pad - (i + 1) as f64 / n * (h - 2.0 * pad);
+        points.push_str(&format!("{x:.1},{y:.1} "));
+    }
+    let mut ticks = String::new();
+    for k in 0..=4 {
+        let f = f64::from(k) / 4.0;
+        let x = pad + f * (w - 2.0 * pad);
+        let y = h - pad - f * (h - 2.0 * pad);
+        ticks.push_str(&format!(
+            r##"<text x="{x:.0}" y="{:.0}" font-size="11" text-anchor="middle">{:.1}</text><text x="{:.0}" y="{y:.0}" font-size="11" text-anchor="end">{f:.2}</text><line x1="{pad}" y1="{y:.0}" x2="{:.0}" y2="{y:.0}" stroke="#eee"/>"##,
+            h - pad + 16.0,
+            f * max,
+            pad - 6.0,
+            w - pad
+        ));
+    }
+    format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}"><rect width="100%" height="100%" fill="white"/><text x="{:.0}" y="24" font-size="14" text-anchor="middle">{title} (n = {})</text>{ticks}<line x1="{pad}" y1="{:.0}" x2="{:.0}" y2="{:.0}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{:.0}" stroke="black"/><polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{points}"/></svg>"##,
+        w / 2.0,
+        samples.len(),
+        h - pad,
+        w - pad,
+        h - pad,
+        h - pad
+    )
 }
