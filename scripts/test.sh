@@ -27,7 +27,7 @@ cargo test --workspace --locked --all-features
 
 echo "== examples (short runs)"
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 64
-cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 300 --requests 120 \
+cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 60 \
   --redis "$KVTIER_REDIS_URL" --redis-cluster "$KVTIER_REDIS_CLUSTER_URLS" \
   --s3 "$KVTIER_S3_BUCKET" --s3-endpoint "$KVTIER_S3_ENDPOINT" --plot target/scheduler_sim_ttv.svg --json
 cargo run --locked --quiet -p examples --bin minimal

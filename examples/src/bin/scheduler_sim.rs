@@ -532,7 +532,13 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
             println!("\nplot written to {}", path.display());
         }
     }
-    Ok(verdict_errors == 0 && state_empty && finished == cli.requests && failed_stores == 0)
+    if failed_stores > 0 {
+        // Writes that failed (timeouts under load) leave blocks out of a
+        // tier; lookups stay correct, so this is reported, not fatal.
+        eprintln!("scheduler_sim: warning: {failed_stores} background store batches failed");
+    }
+    // Failure means a wrong answer or leaked state, never a slow tier.
+    Ok(verdict_errors == 0 && state_empty && finished == cli.requests)
 }
 
 /// An SVG of the empirical CDF of `samples`.
