@@ -77,6 +77,16 @@ impl ManagerConfig {
         }
     }
 
+    /// This configuration, renamed `name` if it still has the default name:
+    /// how each tier crate's `manager()` names its manager.
+    #[must_use]
+    pub fn or_named(mut self, name: &str) -> Self {
+        if self.tier_name == Self::default().tier_name {
+            self.tier_name = name.to_owned();
+        }
+        self
+    }
+
     /// `call_timeout_ms` as a duration.
     pub fn call_timeout(&self) -> Duration {
         Duration::from_millis(self.call_timeout_ms)

@@ -281,9 +281,7 @@ impl DiskTier {
         self: &Arc<Self>,
         mut config: ManagerConfig,
     ) -> Result<AsyncLookupManager<Arc<Self>>, ManagerError> {
-        if config.tier_name == ManagerConfig::default().tier_name {
-            config.tier_name = "disk".to_owned();
-        }
+        config = config.or_named("disk");
         config.max_key_len = config.max_key_len.max(self.config.key_len);
         AsyncLookupManager::from_arc(Arc::new(Arc::clone(self)), config)
     }

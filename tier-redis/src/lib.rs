@@ -224,9 +224,7 @@ impl RedisTier {
         self: &Arc<Self>,
         mut config: ManagerConfig,
     ) -> Result<AsyncLookupManager<Arc<Self>>, ManagerError> {
-        if config.tier_name == ManagerConfig::default().tier_name {
-            config.tier_name = "redis".to_owned();
-        }
+        config = config.or_named("redis");
         AsyncLookupManager::from_arc(Arc::new(Arc::clone(self)), config)
     }
 

@@ -412,9 +412,7 @@ impl S3Tier {
         self: &Arc<Self>,
         mut config: ManagerConfig,
     ) -> Result<AsyncLookupManager<Arc<Self>>, ManagerError> {
-        if config.tier_name == ManagerConfig::default().tier_name {
-            config.tier_name = "s3".to_owned();
-        }
+        config = config.or_named("s3");
         AsyncLookupManager::from_arc(Arc::new(Arc::clone(self)), config)
     }
 

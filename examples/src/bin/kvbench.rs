@@ -106,44 +106,23 @@ fn main() -> ExitCode {
             );
             continue;
         }
+        // Server workloads measure several configurations: a line each.
         let result = match w {
-            Workload::W1 => w1(&cli),
-            Workload::W2 => step_cycle(&cli, false),
-            Workload::W2Slow => step_cycle(&cli, true),
-            Workload::Mem => mem(&cli),
-            Workload::W5 => w5(&cli),
-            Workload::W4 => match w4(&cli) {
-                Ok(more) => {
-                    let Some((last, rest)) = more.split_last() else {
-                        continue;
-                    };
-                    for line in rest {
-                        println!("{line}");
-                        lines.push(line.clone());
-                    }
-                    Ok(last.clone())
-                }
-                Err(e) => Err(e),
-            },
-            Workload::W3 => match w3(&cli) {
-                Ok(more) => {
-                    let Some((last, rest)) = more.split_last() else {
-                        continue;
-                    };
-                    for line in rest {
-                        println!("{line}");
-                        lines.push(line.clone());
-                    }
-                    Ok(last.clone())
-                }
-                Err(e) => Err(e),
-            },
+            Workload::W1 => w1(&cli).map(|line| vec![line]),
+            Workload::W2 => step_cycle(&cli, false).map(|line| vec![line]),
+            Workload::W2Slow => step_cycle(&cli, true).map(|line| vec![line]),
+            Workload::Mem => mem(&cli).map(|line| vec![line]),
+            Workload::W3 => w3(&cli),
+            Workload::W4 => w4(&cli),
+            Workload::W5 => w5(&cli).map(|line| vec![line]),
             Workload::All => continue,
         };
         match result {
-            Ok(line) => {
-                println!("{line}");
-                lines.push(line);
+            Ok(more) => {
+                for line in more {
+                    println!("{line}");
+                    lines.push(line);
+                }
             }
             Err(err) => {
                 eprintln!("kvbench: {w:?} failed: {err}");
