@@ -834,6 +834,12 @@ impl Ledger {
         }
     }
 
+    /// Whether any key waits for a flush or a call slot, or any call runs
+    /// (cheap, unlike [`stats`](Self::stats)).
+    pub fn has_pending_calls(&self) -> bool {
+        !self.running.is_empty() || self.queued_keys > 0 || !self.batch.is_empty()
+    }
+
     /// Number of tier calls running.
     pub fn running_calls(&self) -> usize {
         self.running.len()

@@ -267,6 +267,12 @@ impl<T: Tier> AsyncLookupManager<T> {
         self.ledger.is_empty()
     }
 
+    /// Whether keys wait for a flush or a call slot, or tier calls run: a
+    /// cheap check for "everything asked so far has its answer".
+    pub fn has_pending_calls(&self) -> bool {
+        self.ledger.has_pending_calls()
+    }
+
     /// The earliest deadline of a running tier call: a scheduler that sleeps
     /// can wake then to see the timeout.
     pub fn next_deadline(&self) -> Option<Instant> {
