@@ -522,12 +522,7 @@ impl S3Tier {
     async fn check_bucket(&self) -> Result<()> {
         self.bucket_checked
             .get_or_try_init(|| async {
-                let _permit = self
-                    .limit
-                    .acquire()
-                    .await
-                    .map_err(|_| self.closed("HeadBucket"))?;
-                let _counted = InFlight::new(self);
+                let _slot = self.slot(&self.limit, "HeadBucket").await?;
                 match self
                     .client
                     .head_bucket()
@@ -558,6 +553,17 @@ impl S3Tier {
             .map(|_| ())
     }
 
+    /// A request slot: a permit from `limit` and a count in flight, both
+    /// released when the slot is dropped.
+    async fn slot<'a>(
+        &'a self,
+        limit: &'a Semaphore,
+        op: &'static str,
+    ) -> Result<(tokio::sync::SemaphorePermit<'a>, InFlight<'a>)> {
+        let permit = limit.acquire().await.map_err(|_| self.closed(op))?;
+        Ok((permit, InFlight::new(self)))
+    }
+
     fn closed(&self, op: &'static str) -> S3TierError {
         S3TierError::Other {
             bucket: self.config.bucket.clone(),
@@ -568,12 +574,7 @@ impl S3Tier {
     }
 
     async fn head(&self, key: &OffloadKey) -> Result<bool> {
-        let _permit = self
-            .limit
-            .acquire()
-            .await
-            .map_err(|_| self.closed("HeadObject"))?;
-        let _counted = InFlight::new(self);
+        let _slot = self.slot(&self.limit, "HeadObject").await?;
         match self
             .client
             .head_object()
@@ -619,12 +620,7 @@ impl S3Tier {
     /// # Errors
     /// A classified [`S3TierError`].
     pub async fn create_bucket_if_missing(&self) -> Result<()> {
-        let _permit = self
-            .limit
-            .acquire()
-            .await
-            .map_err(|_| self.closed("CreateBucket"))?;
-        let _counted = InFlight::new(self);
+        let _slot = self.slot(&self.limit, "CreateBucket").await?;
         match self
             .client
             .create_bucket()
@@ -651,12 +647,7 @@ impl S3Tier {
     /// A classified [`S3TierError`].
     pub async fn store(&self, key: &OffloadKey, payload: Vec<u8>) -> Result<()> {
         self.check_bucket().await?;
-        let _permit = self
-            .write_limit
-            .acquire()
-            .await
-            .map_err(|_| self.closed("PutObject"))?;
-        let _counted = InFlight::new(self);
+        let _slot = self.slot(&self.write_limit, "PutObject").await?;
         self.client
             .put_object()
             .bucket(&self.config.bucket)
@@ -690,12 +681,7 @@ impl S3Tier {
     /// A classified [`S3TierError`].
     pub async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>> {
         self.check_bucket().await?;
-        let _permit = self
-            .limit
-            .acquire()
-            .await
-            .map_err(|_| self.closed("GetObject"))?;
-        let _counted = InFlight::new(self);
+        let _slot = self.slot(&self.limit, "GetObject").await?;
         let object = match self
             .client
             .get_object()
@@ -731,12 +717,7 @@ impl S3Tier {
     /// A classified [`S3TierError`].
     pub async fn remove(&self, key: &OffloadKey) -> Result<()> {
         self.check_bucket().await?;
-        let _permit = self
-            .write_limit
-            .acquire()
-            .await
-            .map_err(|_| self.closed("DeleteObject"))?;
-        let _counted = InFlight::new(self);
+        let _slot = self.slot(&self.write_limit, "DeleteObject").await?;
         self.client
             .delete_object()
             .bucket(&self.config.bucket)
