@@ -53,22 +53,37 @@ fn fast(config: RedisConfig) -> RedisConfig {
     }
 }
 
-#[test]
-fn a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart() {
-    if !support::have(
-        "redis-server",
-        "a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart",
-    ) {
-        return;
-    }
+/// What an outage must look like: each test's own bounds.
+struct Outage {
+    /// Keys stored before (every other one) and checked before and after.
+    keys: usize,
+    /// New keys looked up during the outage: all must answer miss.
+    fresh: usize,
+    /// The lookups during the outage answer within this.
+    fail_within: Duration,
+    /// At least this many keys counted as errors or timeouts, not misses.
+    min_errors: u64,
+    /// Stores work again within this after the restart.
+    recover_within: Duration,
+}
+
+/// Stores every other key and checks the verdicts; `kill`s the server;
+/// checks that fresh lookups fail fast as counted errors; `restart`s it;
+/// stores again once the tier reconnects, and checks that the same tier and
+/// manager answer right again.
+fn outage_and_recovery<S>(
+    server: &mut S,
+    tier: Arc<RedisTier>,
+    kill: fn(&mut S),
+    restart: fn(&mut S),
+    o: Outage,
+) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let mut server = PrivateRedis::start(&[]);
-    let tier = Arc::new(RedisTier::new(fast(RedisConfig::from_url(server.url()))).unwrap());
-    let keys = unique_keys(64, 36);
+    let keys = unique_keys(o.keys, 36);
     let present: Vec<(OffloadKey, Vec<u8>)> = keys
         .iter()
         .step_by(2)
@@ -76,7 +91,7 @@ fn a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart() {
         .collect();
     rt.block_on(tier.store_many(&present, None)).unwrap();
     let mut m = tier.manager(manager_config()).unwrap();
-    let expected: Vec<LookupVerdict> = (0..64)
+    let expected: Vec<LookupVerdict> = (0..o.keys)
         .map(|i| {
             if i % 2 == 0 {
                 LookupVerdict::Hit
@@ -87,41 +102,61 @@ fn a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart() {
         .collect();
     assert_eq!(verdicts(&mut m, &keys, "before"), expected);
 
-    server.kill();
-    let fresh = unique_keys(32, 36);
+    kill(server);
     let start = Instant::now();
-    let during = verdicts(&mut m, &fresh, "during");
+    let during = verdicts(&mut m, &unique_keys(o.fresh, 36), "during");
     assert!(
         during.iter().all(|&v| v == LookupVerdict::Miss),
         "lookups during the outage answer miss"
     );
     assert!(
-        start.elapsed() < Duration::from_secs(5),
+        start.elapsed() < o.fail_within,
         "fails fast: {:?}",
         start.elapsed()
     );
     let stats = m.stats();
     assert!(
-        stats.errors + stats.timeouts >= 32,
+        stats.errors + stats.timeouts >= o.min_errors,
         "counted as errors, not misses: {stats:?}"
     );
 
-    // Restart (data is gone: the server keeps nothing on disk), store again,
-    // and the same tier and manager answer right.
-    server.restart();
+    // The restarted server keeps nothing on disk: store again.
+    restart(server);
     let recovered = Instant::now();
-    loop {
-        if rt.block_on(tier.store_many(&present, None)).is_ok() {
-            break;
-        }
+    while rt.block_on(tier.store_many(&present, None)).is_err() {
         assert!(
-            recovered.elapsed() < Duration::from_secs(10),
+            recovered.elapsed() < o.recover_within,
             "the tier did not reconnect"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(verdicts(&mut m, &keys, "after"), expected);
     m.shutdown();
+}
+
+#[test]
+fn a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart() {
+    if !support::have(
+        "redis-server",
+        "a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart",
+    ) {
+        return;
+    }
+    let mut server = PrivateRedis::start(&[]);
+    let tier = Arc::new(RedisTier::new(fast(RedisConfig::from_url(server.url()))).unwrap());
+    outage_and_recovery(
+        &mut server,
+        tier,
+        PrivateRedis::kill,
+        PrivateRedis::restart,
+        Outage {
+            keys: 64,
+            fresh: 32,
+            fail_within: Duration::from_secs(5),
+            min_errors: 32,
+            recover_within: Duration::from_secs(10),
+        },
+    );
 }
 
 #[test]
@@ -132,57 +167,22 @@ fn a_killed_cluster_node_gives_counted_errors_and_the_cluster_tier_recovers() {
     ) {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let mut cluster = PrivateCluster::start();
     let tier = Arc::new(RedisTier::new(fast(RedisConfig::cluster(cluster.urls()))).unwrap());
-    let keys = unique_keys(90, 36);
-    let present: Vec<(OffloadKey, Vec<u8>)> = keys
-        .iter()
-        .step_by(2)
-        .map(|k| (k.clone(), b"v".to_vec()))
-        .collect();
-    rt.block_on(tier.store_many(&present, None)).unwrap();
-    let mut m = tier.manager(manager_config()).unwrap();
-    let expected: Vec<LookupVerdict> = (0..90)
-        .map(|i| {
-            if i % 2 == 0 {
-                LookupVerdict::Hit
-            } else {
-                LookupVerdict::Miss
-            }
-        })
-        .collect();
-    assert_eq!(verdicts(&mut m, &keys, "before"), expected);
-
-    cluster.nodes[1].kill();
-    let start = Instant::now();
-    let during = verdicts(&mut m, &unique_keys(90, 36), "during");
-    assert!(during.iter().all(|&v| v == LookupVerdict::Miss));
-    assert!(
-        start.elapsed() < Duration::from_secs(8),
-        "fails within the deadline: {:?}",
-        start.elapsed()
+    outage_and_recovery(
+        &mut cluster,
+        tier,
+        |c| c.nodes[1].kill(),
+        |c| {
+            c.nodes[1].restart();
+            c.wait_ok();
+        },
+        Outage {
+            keys: 90,
+            fresh: 90,
+            fail_within: Duration::from_secs(8),
+            min_errors: 1,
+            recover_within: Duration::from_secs(20),
+        },
     );
-    let stats = m.stats();
-    assert!(stats.errors + stats.timeouts > 0, "{stats:?}");
-
-    cluster.nodes[1].restart();
-    cluster.wait_ok();
-    let recovered = Instant::now();
-    loop {
-        if rt.block_on(tier.store_many(&present, None)).is_ok() {
-            break;
-        }
-        assert!(
-            recovered.elapsed() < Duration::from_secs(20),
-            "the cluster tier did not recover"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(verdicts(&mut m, &keys, "after"), expected);
-    m.shutdown();
 }
