@@ -75,6 +75,12 @@ impl OffloadKey {
         Self::new(&buf)
     }
 
+    /// The hash computed when the key was built (seeded per process).
+    #[inline]
+    pub(crate) fn prehash(&self) -> u64 {
+        self.hash
+    }
+
     /// The key's bytes.
     #[inline]
     pub fn as_bytes(&self) -> &[u8] {

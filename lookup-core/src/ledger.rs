@@ -44,18 +44,40 @@
 //! - **`mark_miss` wins.** After a failed load the scheduler forces a miss;
 //!   no later answer can turn it back into a hit (the livelock of vLLM #49176).
 
+//!
+//! # Layout
+//!
+//! Every tracked key lives in one slab entry with a stable index ("slot").
+//! The only hash probe is `lookup`'s (and `mark_miss`'s): a table of 4-byte
+//! slots keyed by the key's precomputed hash. Everything downstream (the
+//! flush batch, queued groups, running calls, queue deadlines, a request's
+//! references) holds `(slot, generation)` pairs and reaches the entry by
+//! index; the generation check makes a pair whose slot was freed or reused
+//! harmless. Keys of one step get neighbouring slots, so a flush, a call
+//! start and an answer walk memory in order.
+
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hashbrown::HashTable;
+
 use crate::config::ManagerConfig;
 use crate::error::{LookupError, TierError, TierErrorKind};
-use crate::key::{BuildPrehashed, OffloadKey, ReqContext};
+use crate::key::{OffloadKey, ReqContext};
 use crate::stats::{LatencyHistogram, ManagerStats};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-type KeyMap<V> = HashMap<OffloadKey, V, BuildPrehashed>;
-type KeySet = HashSet<OffloadKey, BuildPrehashed>;
+
+/// Index of a key's entry in the key table.
+type Slot = u32;
+
+/// One probe of one key: its slot and the generation it was submitted under.
+type Probe = (Slot, u64);
+
+/// The slots a request refers to (slab indices: not attacker-chosen, so a
+/// fixed fast hasher is fine).
+type SlotSet = HashSet<Slot, foldhash::fast::FixedState>;
 
 /// The answer to one key's lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -150,13 +172,15 @@ enum Phase {
 }
 
 #[derive(Debug)]
-struct KeyState {
+struct KeyEntry {
+    key: OffloadKey,
     generation: u64,
     phase: Phase,
-    /// Requests holding a reference.
+    /// Requests holding a reference. Zero only while a probe runs (the key
+    /// is retained for its answer, then forgotten).
     refs: u32,
-    /// The last request that touched the key: skips the membership probe
-    /// when a request asks for its own key again.
+    /// The serial of the last request that touched the key: skips the
+    /// membership probe when a request asks for its own key again.
     last_req: u64,
     /// When the flush that submitted this generation happened, in ledger
     /// ticks plus one; 0 if not flushed.
@@ -168,6 +192,138 @@ struct KeyState {
     revalidating: bool,
 }
 
+/// Values with stable `u32` indices; freed indices are reused, most
+/// recently freed first (its memory is likely still cached).
+#[derive(Debug)]
+struct Slab<T> {
+    entries: Vec<Option<T>>,
+    free: Vec<Slot>,
+    len: usize,
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Slab<T> {
+    /// Stores `value`; `None` when all 2^32 indices are taken.
+    fn insert(&mut self, value: T) -> Option<Slot> {
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.entries[slot as usize] = Some(value);
+                slot
+            }
+            None => {
+                let slot = Slot::try_from(self.entries.len()).ok()?;
+                self.entries.push(Some(value));
+                slot
+            }
+        };
+        self.len += 1;
+        Some(slot)
+    }
+
+    #[inline]
+    fn get(&self, slot: Slot) -> Option<&T> {
+        self.entries.get(slot as usize)?.as_ref()
+    }
+
+    #[inline]
+    fn get_mut(&mut self, slot: Slot) -> Option<&mut T> {
+        self.entries.get_mut(slot as usize)?.as_mut()
+    }
+
+    fn remove(&mut self, slot: Slot) -> Option<T> {
+        let value = self.entries.get_mut(slot as usize)?.take()?;
+        self.len -= 1;
+        if self.len == 0 {
+            // Start again from index 0: keeps indices dense after a burst.
+            self.entries.clear();
+            self.free.clear();
+        } else {
+            self.free.push(slot);
+        }
+        Some(value)
+    }
+}
+
+/// The tracked keys: entries in a slab, found through a table of slots.
+#[derive(Debug, Default)]
+struct KeyTable {
+    index: HashTable<Slot>,
+    slab: Slab<KeyEntry>,
+}
+
+impl KeyTable {
+    #[inline]
+    fn find(&self, key: &OffloadKey) -> Option<Slot> {
+        let slab = &self.slab;
+        self.index
+            .find(key.prehash(), |&slot| {
+                slab.get(slot).is_some_and(|entry| entry.key == *key)
+            })
+            .copied()
+    }
+
+    /// Adds an entry for a key not in the table; `None` if the slab is full.
+    fn insert(&mut self, entry: KeyEntry) -> Option<Slot> {
+        let hash = entry.key.prehash();
+        let slot = self.slab.insert(entry)?;
+        let slab = &self.slab;
+        self.index.insert_unique(hash, slot, |&s| {
+            slab.get(s).map_or(0, |entry| entry.key.prehash())
+        });
+        Some(slot)
+    }
+
+    fn remove(&mut self, slot: Slot) {
+        let Some(entry) = self.slab.get(slot) else {
+            return;
+        };
+        if let Ok(found) = self.index.find_entry(entry.key.prehash(), |&s| s == slot) {
+            found.remove();
+        }
+        self.slab.remove(slot);
+        if self.slab.len == 0 && self.index.capacity() > 4096 {
+            // Give a burst's memory back once nothing is tracked.
+            self.index = HashTable::new();
+        }
+    }
+
+    #[inline]
+    fn get(&self, slot: Slot) -> Option<&KeyEntry> {
+        self.slab.get(slot)
+    }
+
+    #[inline]
+    fn get_mut(&mut self, slot: Slot) -> Option<&mut KeyEntry> {
+        self.slab.get_mut(slot)
+    }
+
+    /// The entry at `slot` if it still holds probe `generation` (generations
+    /// are never reused, so this also proves it is the same key).
+    #[inline]
+    fn probe_mut(&mut self, (slot, generation): Probe) -> Option<&mut KeyEntry> {
+        self.slab
+            .get_mut(slot)
+            .filter(|entry| entry.generation == generation)
+    }
+
+    fn len(&self) -> usize {
+        self.slab.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.slab.len == 0
+    }
+}
+
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
@@ -176,14 +332,48 @@ fn ticks(epoch: Instant, t: Instant) -> u64 {
 #[derive(Debug)]
 struct RequestEntry {
     serial: u64,
-    keys: KeySet,
+    slots: SlotSet,
+}
+
+/// Keys looked up since the last flush, in runs of one request each (a
+/// scheduler looks up a request's keys together).
+#[derive(Debug, Default)]
+struct Batch {
+    runs: Vec<BatchRun>,
+    len: usize,
 }
 
 #[derive(Debug)]
-struct BatchEntry {
-    key: OffloadKey,
-    generation: u64,
+struct BatchRun {
     ctx: ReqContext,
+    probes: Vec<Probe>,
+}
+
+impl Batch {
+    fn push(&mut self, ctx: &ReqContext, probe: Probe) {
+        match self.runs.last_mut() {
+            Some(run) if same_request(&run.ctx, ctx) => run.probes.push(probe),
+            _ => self.runs.push(BatchRun {
+                ctx: ctx.clone(),
+                probes: vec![probe],
+            }),
+        }
+        self.len += 1;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn take(&mut self) -> Vec<BatchRun> {
+        self.len = 0;
+        std::mem::take(&mut self.runs)
+    }
+}
+
+#[inline]
+fn same_request(a: &ReqContext, b: &ReqContext) -> bool {
+    Arc::ptr_eq(a.req_id_arc(), b.req_id_arc()) || a.req_id() == b.req_id()
 }
 
 #[derive(Debug)]
@@ -191,14 +381,14 @@ struct Group {
     seq: u64,
     step: u64,
     ctx: ReqContext,
-    keys: Vec<(OffloadKey, u64)>,
+    probes: Vec<Probe>,
 }
 
 #[derive(Debug)]
 struct RunningCall {
     step: u64,
     keys: Arc<[OffloadKey]>,
-    generations: Vec<u64>,
+    probes: Vec<Probe>,
 }
 
 #[derive(Debug, Default)]
@@ -239,24 +429,27 @@ pub struct Ledger {
     /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
     /// instead of 16 in every key's state.
     epoch: Instant,
-    keys: KeyMap<KeyState>,
-    requests: FastMap<Arc<str>, RequestEntry>,
-    /// The request of the previous lookup, to skip hashing its id again.
-    last_request: Option<(Arc<str>, u64)>,
+    keys: KeyTable,
+    /// Request id → its entry in `request_slab`.
+    requests: FastMap<Arc<str>, Slot>,
+    request_slab: Slab<RequestEntry>,
+    /// The request of the previous lookup (id, slot, serial), to skip
+    /// hashing its id again.
+    last_request: Option<(Arc<str>, Slot, u64)>,
     next_generation: u64,
     next_serial: u64,
 
-    batch: Vec<BatchEntry>,
+    batch: Batch,
     ready: VecDeque<Group>,
     next_group_seq: u64,
     /// Request id → sequence number of its group still in `ready`.
     queued_group: FastMap<Arc<str>, u64>,
     queued_keys: usize,
 
-    /// (deadline in ticks, key, generation) of every flushed key, in flush
-    /// order: a key still waiting for a call at its deadline resolves as a
-    /// timeout, so a saturated or hung tier cannot make keys wait unbounded.
-    queue_deadlines: VecDeque<(u64, OffloadKey, u64)>,
+    /// (deadline in ticks, probe) of every flushed key, in flush order: a
+    /// key still waiting for a call at its deadline resolves as a timeout,
+    /// so a saturated or hung tier cannot make keys wait unbounded.
+    queue_deadlines: VecDeque<(u64, Probe)>,
     running: FastMap<CallId, RunningCall>,
     /// Deadlines in start order; one timeout for all calls keeps them sorted.
     deadlines: VecDeque<(Instant, CallId)>,
@@ -283,12 +476,13 @@ impl Ledger {
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: Instant::now(),
-            keys: KeyMap::default(),
+            keys: KeyTable::default(),
             requests: FastMap::default(),
+            request_slab: Slab::default(),
             last_request: None,
             next_generation: 0,
             next_serial: 0,
-            batch: Vec::new(),
+            batch: Batch::default(),
             ready: VecDeque::new(),
             next_group_seq: 0,
             queued_group: FastMap::default(),
@@ -331,42 +525,46 @@ impl Ledger {
             });
         }
         self.counters.lookups += 1;
-        let serial = self.request_serial(ctx);
+        let Some((request, serial)) = self.request(ctx) else {
+            // 2^32 live requests: not reachable in practice, never a panic.
+            self.counters.deferred += 1;
+            return Ok(LookupVerdict::Pending);
+        };
 
-        let Some(state) = self.keys.get_mut(key) else {
-            if self.batch.len() + self.queued_keys >= self.max_queued_keys {
+        let Some(slot) = self.keys.find(key) else {
+            if self.batch.len + self.queued_keys >= self.max_queued_keys {
                 self.counters.deferred += 1;
                 return Ok(LookupVerdict::Pending);
             }
             let generation = self.next_generation;
-            self.next_generation += 1;
-            self.keys.insert(
-                key.clone(),
-                KeyState {
-                    generation,
-                    phase: Phase::Unsubmitted,
-                    refs: 1,
-                    last_req: serial,
-                    flushed_at: 0,
-                    reported: false,
-                    revalidating: false,
-                },
-            );
-            self.batch.push(BatchEntry {
+            let Some(slot) = self.keys.insert(KeyEntry {
                 key: key.clone(),
                 generation,
-                ctx: ctx.clone(),
-            });
-            if let Some(req) = self.requests.get_mut(ctx.req_id()) {
-                req.keys.insert(key.clone());
+                phase: Phase::Unsubmitted,
+                refs: 1,
+                last_req: serial,
+                flushed_at: 0,
+                reported: false,
+                revalidating: false,
+            }) else {
+                self.counters.deferred += 1;
+                return Ok(LookupVerdict::Pending);
+            };
+            self.next_generation += 1;
+            self.batch.push(ctx, (slot, generation));
+            if let Some(req) = self.request_slab.get_mut(request) {
+                req.slots.insert(slot);
             }
             return Ok(LookupVerdict::Pending);
+        };
+        let Some(state) = self.keys.get_mut(slot) else {
+            return Ok(LookupVerdict::Pending); // unreachable: `find` returned it
         };
 
         if state.last_req != serial {
             state.last_req = serial;
-            if let Some(req) = self.requests.get_mut(ctx.req_id())
-                && req.keys.insert(key.clone())
+            if let Some(req) = self.request_slab.get_mut(request)
+                && req.slots.insert(slot)
             {
                 state.refs += 1;
             }
@@ -395,11 +593,7 @@ impl Ledger {
                     state.flushed_at = 0;
                     state.reported = true;
                     state.revalidating = true;
-                    self.batch.push(BatchEntry {
-                        key: key.clone(),
-                        generation,
-                        ctx: ctx.clone(),
-                    });
+                    self.batch.push(ctx, (slot, generation));
                     return Ok(LookupVerdict::Miss);
                 }
             }
@@ -444,29 +638,33 @@ impl Ledger {
         })
     }
 
-    fn request_serial(&mut self, ctx: &ReqContext) -> u64 {
-        if let Some((id, serial)) = &self.last_request
+    /// The request's slot and serial, registering a request seen for the
+    /// first time; `None` only if 2^32 requests are live.
+    fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u64)> {
+        if let Some((id, slot, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
         {
-            return *serial;
+            return Some((*slot, *serial));
         }
-        let serial = match self.requests.get(ctx.req_id()) {
-            Some(entry) => entry.serial,
+        let known = self
+            .requests
+            .get(ctx.req_id())
+            .and_then(|&slot| Some((slot, self.request_slab.get(slot)?.serial)));
+        let (slot, serial) = match known {
+            Some(found) => found,
             None => {
                 let serial = self.next_serial;
+                let slot = self.request_slab.insert(RequestEntry {
+                    serial,
+                    slots: SlotSet::default(),
+                })?;
                 self.next_serial += 1;
-                self.requests.insert(
-                    Arc::clone(ctx.req_id_arc()),
-                    RequestEntry {
-                        serial,
-                        keys: KeySet::default(),
-                    },
-                );
-                serial
+                self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
+                (slot, serial)
             }
         };
-        self.last_request = Some((Arc::clone(ctx.req_id_arc()), serial));
-        serial
+        self.last_request = Some((Arc::clone(ctx.req_id_arc()), slot, serial));
+        Some((slot, serial))
     }
 
     /// Moves the keys looked up since the last flush into per-request groups
@@ -481,48 +679,46 @@ impl Ledger {
         let flushed_at = ticks(self.epoch, now) + 1;
         let queue_deadline = ticks(self.epoch, now + self.call_timeout);
         let mut new_groups = 0usize;
-        let batch = std::mem::take(&mut self.batch);
-        for entry in batch {
-            let Some(state) = self.keys.get_mut(&entry.key) else {
-                continue;
-            };
-            if state.generation != entry.generation || state.phase != Phase::Unsubmitted {
-                continue;
-            }
-            state.phase = Phase::Queued;
-            state.flushed_at = flushed_at;
-            self.queued_keys += 1;
-            self.queue_deadlines
-                .push_back((queue_deadline, entry.key.clone(), entry.generation));
-
+        for run in self.batch.take() {
+            // The request's group still waiting in `ready`, if any: its
+            // index there (no group leaves `ready` during a flush).
             let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            let joinable = self
+            let mut group = self
                 .queued_group
-                .get(entry.ctx.req_id())
-                .and_then(|seq| usize::try_from(seq - front_seq).ok())
-                .filter(|&idx| {
-                    self.ready
-                        .get(idx)
-                        .is_some_and(|g| g.keys.len() < self.max_keys_per_call)
-                });
-            match joinable {
-                Some(idx) => {
-                    if let Some(group) = self.ready.get_mut(idx) {
-                        group.keys.push((entry.key, entry.generation));
-                    }
+                .get(run.ctx.req_id())
+                .and_then(|seq| seq.checked_sub(front_seq))
+                .and_then(|idx| usize::try_from(idx).ok());
+            for probe in run.probes {
+                let Some(state) = self.keys.probe_mut(probe) else {
+                    continue;
+                };
+                if state.phase != Phase::Unsubmitted {
+                    continue;
                 }
-                None => {
-                    let seq = self.next_group_seq;
-                    self.next_group_seq += 1;
-                    self.queued_group
-                        .insert(Arc::clone(entry.ctx.req_id_arc()), seq);
-                    self.ready.push_back(Group {
-                        seq,
-                        step,
-                        ctx: entry.ctx,
-                        keys: vec![(entry.key, entry.generation)],
-                    });
-                    new_groups += 1;
+                state.phase = Phase::Queued;
+                state.flushed_at = flushed_at;
+                self.queued_keys += 1;
+                self.queue_deadlines.push_back((queue_deadline, probe));
+
+                let max = self.max_keys_per_call;
+                let joinable =
+                    group.and_then(|idx| self.ready.get_mut(idx).filter(|g| g.probes.len() < max));
+                match joinable {
+                    Some(g) => g.probes.push(probe),
+                    None => {
+                        let seq = self.next_group_seq;
+                        self.next_group_seq += 1;
+                        self.queued_group
+                            .insert(Arc::clone(run.ctx.req_id_arc()), seq);
+                        group = Some(self.ready.len());
+                        self.ready.push_back(Group {
+                            seq,
+                            step,
+                            ctx: run.ctx.clone(),
+                            probes: vec![probe],
+                        });
+                        new_groups += 1;
+                    }
                 }
             }
         }
@@ -559,18 +755,17 @@ impl Ledger {
             {
                 self.queued_group.remove(group.ctx.req_id());
             }
-            self.queued_keys = self.queued_keys.saturating_sub(group.keys.len());
+            self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
 
-            let mut keys = Vec::with_capacity(group.keys.len());
-            let mut generations = Vec::with_capacity(group.keys.len());
-            for (key, generation) in group.keys {
-                if let Some(state) = self.keys.get_mut(&key)
-                    && state.generation == generation
+            let mut keys = Vec::with_capacity(group.probes.len());
+            let mut probes = Vec::with_capacity(group.probes.len());
+            for probe in group.probes {
+                if let Some(state) = self.keys.probe_mut(probe)
                     && state.phase == Phase::Queued
                 {
                     state.phase = Phase::InFlight;
-                    keys.push(key);
-                    generations.push(generation);
+                    keys.push(state.key.clone());
+                    probes.push(probe);
                 }
             }
             if keys.is_empty() {
@@ -593,7 +788,7 @@ impl Ledger {
                 RunningCall {
                     step: group.step,
                     keys: Arc::clone(&keys),
-                    generations,
+                    probes,
                 },
             );
             self.deadlines.push_back((deadline, id));
@@ -632,15 +827,13 @@ impl Ledger {
 
         let failure = match outcome {
             CallOutcome::Answered(found) if found.len() == call.keys.len() => {
-                for ((key, &generation), present) in
-                    call.keys.iter().zip(&call.generations).zip(found)
-                {
+                for (&probe, present) in call.probes.iter().zip(found) {
                     let phase = if present {
                         Phase::Present
                     } else {
                         Phase::Absent
                     };
-                    self.resolve(key, generation, phase);
+                    self.resolve(probe, phase);
                 }
                 return;
             }
@@ -669,8 +862,8 @@ impl Ledger {
         };
         let timed_out = failure == TierErrorKind::Timeout;
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        for (key, &generation) in call.keys.iter().zip(&call.generations) {
-            if self.resolve(key, generation, Phase::Failed { retry_at }) {
+        for &probe in &call.probes {
+            if self.resolve(probe, Phase::Failed { retry_at }) {
                 if timed_out {
                     self.counters.timeouts += 1;
                 } else {
@@ -681,19 +874,17 @@ impl Ledger {
     }
 
     /// Applies one key's result; returns whether it was applied.
-    fn resolve(&mut self, key: &OffloadKey, generation: u64, phase: Phase) -> bool {
-        let Some(state) = self.keys.get_mut(key) else {
+    fn resolve(&mut self, probe: Probe, phase: Phase) -> bool {
+        let Some(state) = self
+            .keys
+            .probe_mut(probe)
+            .filter(|s| s.phase == Phase::InFlight)
+        else {
+            // Forgotten, re-probed, or forced to miss while in flight:
+            // mark_miss wins.
             self.counters.stale_results_dropped += 1;
             return false;
         };
-        if state.generation != generation || state.phase != Phase::InFlight {
-            // Re-probed, or forced to miss while in flight: mark_miss wins.
-            self.counters.stale_results_dropped += 1;
-            if state.refs == 0 && state.phase != Phase::InFlight {
-                self.keys.remove(key);
-            }
-            return false;
-        }
         match phase {
             Phase::Present => self.counters.hits += 1,
             Phase::Absent => self.counters.misses += 1,
@@ -701,7 +892,7 @@ impl Ledger {
         }
         if state.refs == 0 {
             // Retained only for this answer; nobody is asking any more.
-            self.keys.remove(key);
+            self.keys.remove(probe.0);
         } else {
             state.phase = phase;
             state.revalidating = false;
@@ -728,21 +919,19 @@ impl Ledger {
         // Keys flushed a whole call timeout ago and still waiting for a call.
         let now_ticks = ticks(self.epoch, now);
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        while let Some((deadline, key, generation)) = self.queue_deadlines.front() {
+        while let Some(&(deadline, probe)) = self.queue_deadlines.front() {
             let still_queued = self
                 .keys
-                .get(key)
-                .is_some_and(|s| s.generation == *generation && s.phase == Phase::Queued);
-            if still_queued && *deadline > now_ticks {
+                .get(probe.0)
+                .is_some_and(|s| s.generation == probe.1 && s.phase == Phase::Queued);
+            if still_queued && deadline > now_ticks {
                 break;
             }
             // Expired, or stale (the key started, resolved or left): either
             // way the entry goes, which keeps the queue as short as the
             // keys actually waiting.
-            let Some((_, key, _)) = self.queue_deadlines.pop_front() else {
-                break;
-            };
-            if still_queued && let Some(state) = self.keys.get_mut(&key) {
+            self.queue_deadlines.pop_front();
+            if still_queued && let Some(state) = self.keys.probe_mut(probe) {
                 state.phase = Phase::Failed { retry_at };
                 state.revalidating = false;
                 self.counters.timeouts += 1;
@@ -775,16 +964,20 @@ impl Ledger {
     /// only for its running probe) is forgotten.
     pub fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
         for key in keys {
-            if let Some(state) = self.keys.get_mut(key) {
-                self.counters.forced_misses += 1;
-                if state.refs == 0 {
-                    // Kept only for a running probe's answer, which no longer
-                    // matters: forget it (a late answer is then dropped).
-                    self.keys.remove(key);
-                } else {
-                    state.phase = Phase::ForcedMiss;
-                    state.reported = true;
-                }
+            let Some(slot) = self.keys.find(key) else {
+                continue;
+            };
+            let Some(state) = self.keys.get_mut(slot) else {
+                continue;
+            };
+            self.counters.forced_misses += 1;
+            if state.refs == 0 {
+                // Kept only for a running probe's answer, which no longer
+                // matters: forget it (a late answer is then dropped).
+                self.keys.remove(slot);
+            } else {
+                state.phase = Phase::ForcedMiss;
+                state.reported = true;
             }
         }
     }
@@ -793,27 +986,31 @@ impl Ledger {
     /// references are forgotten, except those whose probe is running: they
     /// stay until the answer lands.
     pub fn cleanup(&mut self, req_id: &str) {
-        let Some(entry) = self.requests.remove(req_id) else {
+        let Some(entry) = self
+            .requests
+            .remove(req_id)
+            .and_then(|slot| self.request_slab.remove(slot))
+        else {
             return;
         };
         if self
             .last_request
             .as_ref()
-            .is_some_and(|(_, serial)| *serial == entry.serial)
+            .is_some_and(|(_, _, serial)| *serial == entry.serial)
         {
             self.last_request = None;
         }
-        for key in entry.keys {
-            if let Some(state) = self.keys.get_mut(&key) {
+        for slot in entry.slots {
+            if let Some(state) = self.keys.get_mut(slot) {
                 state.refs = state.refs.saturating_sub(1);
                 if state.refs == 0 && state.phase != Phase::InFlight {
-                    self.keys.remove(&key);
+                    self.keys.remove(slot);
                 }
             }
         }
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
-            self.batch.clear();
+            self.batch.take();
         }
     }
 
@@ -872,7 +1069,7 @@ impl Ledger {
             calls_finished: c.calls_finished,
             tracked_keys: self.keys.len(),
             in_flight_keys: self.running.values().map(|c| c.keys.len()).sum(),
-            queued_keys: self.queued_keys + self.batch.len(),
+            queued_keys: self.queued_keys + self.batch.len,
             tracked_requests: self.requests.len(),
             tier_call_latency: self.call_latency.summary(),
             time_to_verdict: self.time_to_verdict.summary(),
