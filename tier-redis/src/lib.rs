@@ -234,9 +234,29 @@ impl RedisTier {
 
     fn full_key(&self, key: &OffloadKey) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.config.key_prefix.len() + key.len());
-        k.extend_from_slice(self.config.key_prefix.as_bytes());
-        k.extend_from_slice(key.as_bytes());
+        self.write_full_key(&mut k, key);
         k
+    }
+
+    /// Writes prefix + key into `buf` (cleared first): one buffer reused for
+    /// a whole batch instead of an allocation per key.
+    fn write_full_key(&self, buf: &mut Vec<u8>, key: &OffloadKey) {
+        buf.clear();
+        buf.extend_from_slice(self.config.key_prefix.as_bytes());
+        buf.extend_from_slice(key.as_bytes());
+    }
+
+    /// One EXISTS per key, in order, each command sized up front.
+    fn exists_pipeline<'a>(&self, keys: impl ExactSizeIterator<Item = &'a OffloadKey>) -> Pipeline {
+        let mut pipe = Pipeline::with_capacity(keys.len());
+        let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
+        for key in keys {
+            self.write_full_key(&mut name, key);
+            let mut cmd = redis::Cmd::with_capacity(2, "EXISTS".len() + name.len());
+            cmd.arg("EXISTS").arg(name.as_slice());
+            pipe.add_command(cmd);
+        }
+        pipe
     }
 
     async fn single(&self) -> Result<ConnectionManager> {
@@ -301,17 +321,16 @@ impl RedisTier {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let full: Vec<Vec<u8>> = keys.iter().map(|k| self.full_key(k)).collect();
         self.bounded("EXISTS", async {
             match &self.backend {
-                Backend::Single { .. } => self.exists_single(&full).await,
-                Backend::Cluster { .. } => self.exists_cluster(&full).await,
+                Backend::Single { .. } => self.exists_single(keys).await,
+                Backend::Cluster { .. } => self.exists_cluster(keys).await,
             }
         })
         .await
     }
 
-    async fn exists_single(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
+    async fn exists_single(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
         let conn = self.single().await?;
         // Collected first: the futures own their pipelines, and no lazy
         // iterator is held across an await (the future must be Send).
@@ -319,7 +338,7 @@ impl RedisTier {
             .chunks(self.config.pipeline_chunk)
             .map(|chunk| {
                 let mut conn = conn.clone();
-                let pipe = exists_pipeline(chunk);
+                let pipe = self.exists_pipeline(chunk.iter());
                 async move { pipe.query_async::<Vec<i64>>(&mut conn).await }
             })
             .collect();
@@ -382,13 +401,15 @@ impl RedisTier {
         }
     }
 
-    async fn exists_cluster(&self, keys: &[Vec<u8>]) -> Result<Vec<bool>> {
+    async fn exists_cluster(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
         let conn = self.cluster().await?;
         let map = self.slot_map(&conn).await?;
         // Group positions by owning master; keys of unknown slots go alone.
         let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters + 1];
+        let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
         for (pos, key) in keys.iter().enumerate() {
-            let slot = slot::key_slot(key);
+            self.write_full_key(&mut name, key);
+            let slot = slot::key_slot(&name);
             groups[map.owner(slot).unwrap_or(map.masters)].push((pos, slot));
         }
         let mut found = vec![false; keys.len()];
@@ -412,7 +433,7 @@ impl RedisTier {
     async fn exists_cluster_group(
         &self,
         conn: &ClusterConnection,
-        keys: &[Vec<u8>],
+        keys: &[OffloadKey],
         group: &[(usize, u16)],
     ) -> Result<Vec<bool>> {
         let chunks: Vec<_> = group
@@ -421,7 +442,7 @@ impl RedisTier {
                 let mut conn = conn.clone();
                 let route =
                     SingleNodeRoutingInfo::SpecificNode(Route::new(chunk[0].1, SlotAddr::Master));
-                let pipe = exists_pipeline(chunk.iter().map(|&(pos, _)| &keys[pos]));
+                let pipe = self.exists_pipeline(chunk.iter().map(|&(pos, _)| &keys[pos]));
                 let n = chunk.len();
                 async move { conn.route_pipeline(pipe, 0, n, route).await }
             })
@@ -457,7 +478,7 @@ impl RedisTier {
             .iter()
             .map(|&(pos, _)| {
                 let mut conn = conn.clone();
-                let cmd = redis::cmd("EXISTS").arg(&keys[pos]).clone();
+                let cmd = redis::cmd("EXISTS").arg(self.full_key(&keys[pos])).clone();
                 async move { cmd.query_async::<i64>(&mut conn).await }
             })
             .collect();
@@ -618,14 +639,6 @@ impl RedisTier {
         })
         .await
     }
-}
-
-fn exists_pipeline<'a>(keys: impl IntoIterator<Item = &'a Vec<u8>>) -> Pipeline {
-    let mut pipe = redis::pipe();
-    for key in keys {
-        pipe.cmd("EXISTS").arg(key.as_slice());
-    }
-    pipe
 }
 
 /// Parses a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id], replicas...], ...]`.
