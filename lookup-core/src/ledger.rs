@@ -182,6 +182,9 @@ struct KeyEntry {
     /// The serial of the last request that touched the key: skips the
     /// membership probe when a request asks for its own key again.
     last_req: u64,
+    /// The serial of the request that created the entry (and holds a
+    /// reference from then until its cleanup).
+    creator: u64,
     /// When the flush that submitted this generation happened, in ledger
     /// ticks plus one; 0 if not flushed.
     flushed_at: u64,
@@ -290,10 +293,6 @@ impl KeyTable {
             found.remove();
         }
         self.slab.remove(slot);
-        if self.slab.len == 0 && self.index.capacity() > 4096 {
-            // Give a burst's memory back once nothing is tracked.
-            self.index = HashTable::new();
-        }
     }
 
     #[inline]
@@ -332,7 +331,11 @@ fn ticks(epoch: Instant, t: Instant) -> u64 {
 #[derive(Debug)]
 struct RequestEntry {
     serial: u64,
-    slots: SlotSet,
+    /// Keys this request created: it holds a reference to each (their
+    /// entries name it as `creator`, so no set membership is needed).
+    created: Vec<Slot>,
+    /// Keys created by another request that this one also refers to.
+    shared: SlotSet,
 }
 
 /// Keys looked up since the last flush, in runs of one request each (a
@@ -543,6 +546,7 @@ impl Ledger {
                 phase: Phase::Unsubmitted,
                 refs: 1,
                 last_req: serial,
+                creator: serial,
                 flushed_at: 0,
                 reported: false,
                 revalidating: false,
@@ -553,7 +557,7 @@ impl Ledger {
             self.next_generation += 1;
             self.batch.push(ctx, (slot, generation));
             if let Some(req) = self.request_slab.get_mut(request) {
-                req.slots.insert(slot);
+                req.created.push(slot);
             }
             return Ok(LookupVerdict::Pending);
         };
@@ -563,8 +567,9 @@ impl Ledger {
 
         if state.last_req != serial {
             state.last_req = serial;
-            if let Some(req) = self.request_slab.get_mut(request)
-                && req.slots.insert(slot)
+            if state.creator != serial
+                && let Some(req) = self.request_slab.get_mut(request)
+                && req.shared.insert(slot)
             {
                 state.refs += 1;
             }
@@ -656,7 +661,8 @@ impl Ledger {
                 let serial = self.next_serial;
                 let slot = self.request_slab.insert(RequestEntry {
                     serial,
-                    slots: SlotSet::default(),
+                    created: Vec::new(),
+                    shared: SlotSet::default(),
                 })?;
                 self.next_serial += 1;
                 self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
@@ -679,47 +685,65 @@ impl Ledger {
         let flushed_at = ticks(self.epoch, now) + 1;
         let queue_deadline = ticks(self.epoch, now + self.call_timeout);
         let mut new_groups = 0usize;
+        let max = self.max_keys_per_call;
         for run in self.batch.take() {
-            // The request's group still waiting in `ready`, if any: its
-            // index there (no group leaves `ready` during a flush).
-            let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            let mut group = self
-                .queued_group
-                .get(run.ctx.req_id())
-                .and_then(|seq| seq.checked_sub(front_seq))
-                .and_then(|idx| usize::try_from(idx).ok());
-            for probe in run.probes {
-                let Some(state) = self.keys.probe_mut(probe) else {
-                    continue;
+            // Queue the run's keys still waiting for this flush (a key may
+            // have been cleaned up, forced to miss or re-probed since).
+            let mut probes = run.probes;
+            let (keys, queued_keys, deadlines) = (
+                &mut self.keys,
+                &mut self.queued_keys,
+                &mut self.queue_deadlines,
+            );
+            probes.retain(|&probe| {
+                let Some(state) = keys.probe_mut(probe) else {
+                    return false;
                 };
                 if state.phase != Phase::Unsubmitted {
-                    continue;
+                    return false;
                 }
                 state.phase = Phase::Queued;
                 state.flushed_at = flushed_at;
-                self.queued_keys += 1;
-                self.queue_deadlines.push_back((queue_deadline, probe));
-
-                let max = self.max_keys_per_call;
-                let joinable =
-                    group.and_then(|idx| self.ready.get_mut(idx).filter(|g| g.probes.len() < max));
-                match joinable {
-                    Some(g) => g.probes.push(probe),
-                    None => {
-                        let seq = self.next_group_seq;
-                        self.next_group_seq += 1;
-                        self.queued_group
-                            .insert(Arc::clone(run.ctx.req_id_arc()), seq);
-                        group = Some(self.ready.len());
-                        self.ready.push_back(Group {
-                            seq,
-                            step,
-                            ctx: run.ctx.clone(),
-                            probes: vec![probe],
-                        });
-                        new_groups += 1;
-                    }
-                }
+                *queued_keys += 1;
+                deadlines.push_back((queue_deadline, probe));
+                true
+            });
+            if probes.is_empty() {
+                continue;
+            }
+            // Top up the request's group still waiting in `ready`, if any
+            // (its index there: no group leaves `ready` during a flush).
+            let front_seq = self.ready.front().map_or(0, |g| g.seq);
+            if let Some(group) = self
+                .queued_group
+                .get(run.ctx.req_id())
+                .and_then(|seq| seq.checked_sub(front_seq))
+                .and_then(|idx| usize::try_from(idx).ok())
+                .and_then(|idx| self.ready.get_mut(idx))
+            {
+                let take = max.saturating_sub(group.probes.len()).min(probes.len());
+                group.probes.extend(probes.drain(..take));
+            }
+            // The rest in new groups of at most `max_keys_per_call` keys; the
+            // first reuses the run's vector.
+            while !probes.is_empty() {
+                let rest = if probes.len() > max {
+                    probes.split_off(max)
+                } else {
+                    Vec::new()
+                };
+                let seq = self.next_group_seq;
+                self.next_group_seq += 1;
+                self.queued_group
+                    .insert(Arc::clone(run.ctx.req_id_arc()), seq);
+                self.ready.push_back(Group {
+                    seq,
+                    step,
+                    ctx: run.ctx.clone(),
+                    probes,
+                });
+                new_groups += 1;
+                probes = rest;
             }
         }
         if new_groups > 0 {
@@ -1000,7 +1024,7 @@ impl Ledger {
         {
             self.last_request = None;
         }
-        for slot in entry.slots {
+        for slot in entry.created.into_iter().chain(entry.shared) {
             if let Some(state) = self.keys.get_mut(slot) {
                 state.refs = state.refs.saturating_sub(1);
                 if state.refs == 0 && state.phase != Phase::InFlight {

@@ -184,7 +184,7 @@ impl Harness {
             failure_backoff_ms: BACKOFF_MS,
             max_calls_in_flight: 2,
             max_steps_in_flight: 2,
-            max_keys_per_call: 3,
+            max_keys_per_call: 3, // checked in start_calls
             max_queued_keys: 10_000,
             ..ManagerConfig::named("model")
         };
@@ -206,6 +206,11 @@ impl Harness {
     fn start_calls(&mut self) -> Result<(), TestCaseError> {
         while let Some(call) = self.ledger.next_call(self.now) {
             let ids: Vec<u8> = call.keys.iter().map(key_id).collect();
+            prop_assert!(
+                !ids.is_empty() && ids.len() <= 3,
+                "a call of {} keys (max_keys_per_call is 3)",
+                ids.len()
+            );
             for &k in &ids {
                 let Some(entry) = self.model.keys.get_mut(&k) else {
                     return Err(TestCaseError::fail(format!(
