@@ -731,19 +731,24 @@ fn host_port(url: &str) -> Option<(String, u16)> {
     Some((host.to_owned(), port.parse().ok()?))
 }
 
-/// Runs redis-benchmark with EXISTS, 1,000 commands per pipeline and one
-/// connection (on a cluster, `--cluster` and one connection per master,
-/// each key carrying the master's hash tag), and returns its requests per
-/// second.
-fn redis_benchmark(host: &str, port: u16, masters: usize, n: u64) -> Result<f64, Failure> {
+/// Runs redis-benchmark with EXISTS, 1,000 commands per pipeline and
+/// `connections` connections (on a cluster, with `--cluster`: each
+/// connection talks to one master, its keys carrying that master's hash
+/// tag), and returns its requests per second.
+fn redis_benchmark(
+    host: &str,
+    port: u16,
+    cluster: bool,
+    connections: usize,
+    n: u64,
+) -> Result<f64, Failure> {
     let mut cmd = std::process::Command::new("redis-benchmark");
     cmd.args(["-h", host, "-p", &port.to_string(), "-P", "1000"]);
-    if masters > 1 {
-        cmd.args(["--cluster", "-c", &masters.to_string()]);
-    } else {
-        cmd.args(["-c", "1"]);
+    cmd.args(["-c", &connections.to_string()]);
+    if cluster {
+        cmd.arg("--cluster");
     }
-    let key = if masters > 1 {
+    let key = if cluster {
         "kvbench:base:{tag}:__rand_int__"
     } else {
         "kvbench:base:__rand_int__"
@@ -861,8 +866,12 @@ fn w3_one(
     let rounds = if cli.quick { 1 } else { 3 };
     let n = if cli.quick { 100_000 } else { 1_000_000 };
     let (host, port) = host_port(&urls[0]).ok_or("cannot read host:port from the Redis URL")?;
+    let cluster = urls.len() > 1;
     let mut rates = Vec::new();
     let mut baselines = Vec::new();
+    // On a cluster, also the literal `-c 1`: one connection, which
+    // then talks to a single master.
+    let mut one_connection = Vec::new();
     let mut verdict_errors = 0;
     for round in 0..rounds {
         let steps: Vec<Step> = (0..throughput_steps)
@@ -874,9 +883,14 @@ fn w3_one(
         let (keys_per_s, errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
         rates.push(keys_per_s);
         verdict_errors += errors;
-        baselines.push(redis_benchmark(&host, port, urls.len(), n)?);
+        baselines.push(redis_benchmark(&host, port, cluster, urls.len(), n)?);
+        if cluster {
+            one_connection.push(redis_benchmark(&host, port, true, 1, n)?);
+        }
     }
     let ratio = paired_ratio(&rates, &baselines);
+    let one_connection_ratio = cluster.then(|| paired_ratio(&rates, &one_connection));
+    let one_connection_rate = cluster.then(|| quantile(&mut one_connection, 0.5).round());
     let keys_per_s = quantile(&mut rates, 0.5);
     let baseline = quantile(&mut baselines, 0.5);
 
@@ -892,13 +906,13 @@ fn w3_one(
     let stats = m.stats();
     m.shutdown();
 
-    Ok(json!({
+    let mut line = json!({
         "workload": "w3",
         "tier": label,
         "params": { "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
                     "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
                     "rounds": rounds,
-                    "baseline": "redis-benchmark -P 1000 EXISTS, -c 1 (cluster: --cluster, -c one per master)",
+                    "baseline": "redis-benchmark -P 1000 EXISTS -c 1; on a cluster --cluster -c <masters> (and the literal -c 1, one master)",
                     "masters": urls.len() },
         "keys_per_s": keys_per_s.round(),
         "baseline_keys_per_s": baseline.round(),
@@ -907,7 +921,12 @@ fn w3_one(
         "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
         "verdict_errors": verdict_errors,
         "errors": stats.errors + stats.timeouts,
-    }))
+    });
+    if let (Some(rate), Some(ratio)) = (one_connection_rate, one_connection_ratio) {
+        line["baseline_one_connection_keys_per_s"] = json!(rate);
+        line["ratio_vs_one_connection"] = json!(round3(ratio));
+    }
+    Ok(line)
 }
 
 /// W4: the S3 tier through the manager at concurrency 1, 16 and 64. Preload
