@@ -32,6 +32,12 @@ pub struct ManagerConfig {
     /// before a lookup probes it again, in milliseconds. Default 500.
     pub failure_backoff_ms: u64,
     /// Tier calls running at once. Default 32.
+    ///
+    /// The manager hands the worker up to twice this many calls; the worker
+    /// runs at most this many and starts the next one the moment one ends,
+    /// without waiting for the scheduler's next flush or drain. A handed-over
+    /// call's deadline runs from the hand-over, so its wait for a free slot
+    /// counts against it.
     pub max_calls_in_flight: usize,
     /// Flushed steps with calls still running or waiting. A step beyond this
     /// waits (nothing blocks: its keys stay pending). Default 8.

@@ -119,8 +119,15 @@ impl<T: Tier> AsyncLookupManager<T> {
     ) -> Result<Self, ManagerError> {
         config.validate()?;
         let links = worker::spawn(Arc::clone(&tier), &config, hook)?;
+        // The worker runs `max_calls_in_flight` calls at once and holds as
+        // many more ready to start: a call ending is followed at once by the
+        // next, instead of by the scheduler's next drain.
+        let ledger = Ledger::new(&ManagerConfig {
+            max_calls_in_flight: config.max_calls_in_flight.saturating_mul(2),
+            ..config.clone()
+        });
         Ok(Self {
-            ledger: Ledger::new(&config),
+            ledger,
             tier,
             worker: links.handle,
             results: links.results,

@@ -2,16 +2,19 @@
 //!
 //! It owns a tokio runtime, receives [`TierCall`]s over a channel, runs each
 //! as its own task under the call's deadline, and publishes each outcome as
-//! soon as it is known (per request group, not per step). It stops when told
-//! to or when its inbox closes, and never waits for a hung call longer than
-//! its grace period: the runtime is torn down in the background.
+//! soon as it is known (per request group, not per step). At most
+//! `max_calls_in_flight` calls run at once: a call handed over while all
+//! slots are taken waits for one (within its deadline), and starts the
+//! moment a slot frees, without a round trip through the scheduler. It stops
+//! when told to or when its inbox closes, and never waits for a hung call
+//! longer than its grace period: the runtime is torn down in the background.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -109,10 +112,11 @@ pub(crate) fn spawn<T: Tier>(
         hook,
     };
     let tier_name: Arc<str> = Arc::from(cfg.tier_name.as_str());
+    let slots = Arc::new(Semaphore::new(cfg.max_calls_in_flight.max(1)));
     let thread = std::thread::Builder::new()
         .name(format!("kvtier-lookup-{}", cfg.tier_name))
         .spawn(move || {
-            runtime.block_on(run(tier, rx, publisher, tier_name));
+            runtime.block_on(run(tier, rx, publisher, tier_name, slots));
             // Never wait here for a call that ignores cancellation (a
             // blocking task, a hung syscall): drop the runtime in the background.
             runtime.shutdown_background();
@@ -136,6 +140,7 @@ async fn run<T: Tier>(
     mut inbox: mpsc::UnboundedReceiver<Command>,
     publisher: Publisher,
     tier_name: Arc<str>,
+    slots: Arc<Semaphore>,
 ) {
     let mut calls = JoinSet::new();
     loop {
@@ -147,6 +152,7 @@ async fn run<T: Tier>(
                         call,
                         publisher.clone(),
                         Arc::clone(&tier_name),
+                        Arc::clone(&slots),
                     ));
                 }
                 Some(Command::Shutdown { grace }) => {
@@ -179,7 +185,23 @@ async fn run_call<T: Tier>(
     call: TierCall,
     publisher: Publisher,
     tier_name: Arc<str>,
+    slots: Arc<Semaphore>,
 ) {
+    // A free call slot first, within the call's deadline; the slot is held
+    // until the outcome is published.
+    let arrived = Instant::now();
+    let _slot = match tokio::time::timeout_at(call.deadline.into(), slots.acquire_owned()).await {
+        Ok(Ok(permit)) => permit,
+        Ok(Err(_)) => return, // the semaphore is never closed
+        Err(_) => {
+            publisher.publish(Finished {
+                id: call.id,
+                outcome: CallOutcome::TimedOut,
+                elapsed: arrived.elapsed(),
+            });
+            return;
+        }
+    };
     let started = Instant::now();
     let span = tracing::debug_span!(
         "tier_call",
