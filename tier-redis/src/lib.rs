@@ -404,14 +404,7 @@ impl RedisTier {
     async fn exists_cluster(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
         let conn = self.cluster().await?;
         let map = self.slot_map(&conn).await?;
-        // Group positions by owning master; keys of unknown slots go alone.
-        let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters + 1];
-        let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
-        for (pos, key) in keys.iter().enumerate() {
-            self.write_full_key(&mut name, key);
-            let slot = slot::key_slot(&name);
-            groups[map.owner(slot).unwrap_or(map.masters)].push((pos, slot));
-        }
+        let groups = self.group_by_master(&map, keys.iter());
         let mut found = vec![false; keys.len()];
         let calls: Vec<_> = groups
             .iter()
@@ -425,6 +418,23 @@ impl RedisTier {
             }
         }
         Ok(found)
+    }
+
+    /// Positions of `keys`, with their slots, grouped by the master owning
+    /// the slot; the last group holds keys of slots without a known owner.
+    fn group_by_master<'a>(
+        &self,
+        map: &SlotMap,
+        keys: impl Iterator<Item = &'a OffloadKey>,
+    ) -> Vec<Vec<(usize, u16)>> {
+        let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters + 1];
+        let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
+        for (pos, key) in keys.enumerate() {
+            self.write_full_key(&mut name, key);
+            let slot = slot::key_slot(&name);
+            groups[map.owner(slot).unwrap_or(map.masters)].push((pos, slot));
+        }
+        groups
     }
 
     /// One master's keys: pipelines routed to the master owning the group's
@@ -529,8 +539,9 @@ impl RedisTier {
         Ok(reply.is_some())
     }
 
-    /// Stores many blocks: one pipeline per chunk on a single server, one
-    /// command per key on a cluster.
+    /// Stores many blocks: one pipeline per chunk, on a cluster one per chunk
+    /// of each master's keys, masters in parallel (a chunk whose pipeline
+    /// fails, as during resharding, is stored key by key, following MOVED).
     ///
     /// # Errors
     /// A classified [`RedisTierError`]; some blocks may be stored.
@@ -565,14 +576,64 @@ impl RedisTier {
                 Ok(())
             }
             Backend::Cluster { .. } => {
-                let stores: Vec<_> = blocks.iter().map(|(k, p)| self.store(k, p, ttl)).collect();
+                let conn = self.cluster().await?;
+                let map = self.slot_map(&conn).await?;
+                let groups = self.group_by_master(&map, blocks.iter().map(|(key, _)| key));
+                let stores: Vec<_> = groups
+                    .iter()
+                    .filter(|g| !g.is_empty())
+                    .map(|group| self.store_cluster_group(&conn, blocks, group, ttl))
+                    .collect();
+                join_all(stores).await.into_iter().collect()
+            }
+        }
+    }
+
+    /// One master's blocks, a routed SET pipeline per chunk.
+    async fn store_cluster_group(
+        &self,
+        conn: &ClusterConnection,
+        blocks: &[(OffloadKey, Vec<u8>)],
+        group: &[(usize, u16)],
+        ttl: Option<Duration>,
+    ) -> Result<()> {
+        for chunk in group.chunks(self.config.pipeline_chunk) {
+            let mut pipe = Pipeline::with_capacity(chunk.len());
+            for &(pos, _) in chunk {
+                let (key, payload) = &blocks[pos];
+                let cmd = pipe
+                    .cmd("SET")
+                    .arg(self.full_key(key))
+                    .arg(payload.as_slice());
+                if let Some(ttl) = ttl {
+                    cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
+                }
+            }
+            let route =
+                SingleNodeRoutingInfo::SpecificNode(Route::new(chunk[0].1, SlotAddr::Master));
+            let mut c = conn.clone();
+            let stored = self
+                .bounded("SET pipeline", async {
+                    c.route_pipeline(pipe, 0, chunk.len(), route)
+                        .await
+                        .map_err(|e| self.err("SET pipeline", e))
+                })
+                .await;
+            if let Err(e) = stored {
+                tracing::debug!(endpoint = %self.endpoint, error = %e, keys = chunk.len(), "cluster SET pipeline failed; storing key by key");
+                self.forget_slot_map();
+                let stores: Vec<_> = chunk
+                    .iter()
+                    .map(|&(pos, _)| self.store(&blocks[pos].0, &blocks[pos].1, ttl))
+                    .collect();
                 let results = futures_util::stream::iter(stores)
                     .buffer_unordered(self.config.pipeline_chunk)
                     .collect::<Vec<_>>()
                     .await;
-                results.into_iter().collect()
+                results.into_iter().collect::<Result<()>>()?;
             }
         }
+        Ok(())
     }
 
     /// The payload of `key`, or `None` if absent.
