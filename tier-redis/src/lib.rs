@@ -554,17 +554,7 @@ impl RedisTier {
             Backend::Single { .. } => {
                 let conn = self.single().await?;
                 for chunk in blocks.chunks(self.config.pipeline_chunk) {
-                    let mut pipe = redis::pipe();
-                    for (key, payload) in chunk {
-                        let cmd = pipe
-                            .cmd("SET")
-                            .arg(self.full_key(key))
-                            .arg(payload.as_slice());
-                        if let Some(ttl) = ttl {
-                            cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
-                        }
-                        cmd.ignore();
-                    }
+                    let pipe = self.set_pipeline(chunk.iter(), ttl);
                     let mut conn = conn.clone();
                     self.bounded("SET pipeline", async {
                         pipe.query_async::<()>(&mut conn)
@@ -589,6 +579,25 @@ impl RedisTier {
         }
     }
 
+    /// One SET per block, in order, with the TTL if any.
+    fn set_pipeline<'a>(
+        &self,
+        blocks: impl ExactSizeIterator<Item = &'a (OffloadKey, Vec<u8>)>,
+        ttl: Option<Duration>,
+    ) -> Pipeline {
+        let mut pipe = Pipeline::with_capacity(blocks.len());
+        for (key, payload) in blocks {
+            let cmd = pipe
+                .cmd("SET")
+                .arg(self.full_key(key))
+                .arg(payload.as_slice());
+            if let Some(ttl) = ttl {
+                cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
+            }
+        }
+        pipe
+    }
+
     /// One master's blocks, a routed SET pipeline per chunk.
     async fn store_cluster_group(
         &self,
@@ -598,17 +607,7 @@ impl RedisTier {
         ttl: Option<Duration>,
     ) -> Result<()> {
         for chunk in group.chunks(self.config.pipeline_chunk) {
-            let mut pipe = Pipeline::with_capacity(chunk.len());
-            for &(pos, _) in chunk {
-                let (key, payload) = &blocks[pos];
-                let cmd = pipe
-                    .cmd("SET")
-                    .arg(self.full_key(key))
-                    .arg(payload.as_slice());
-                if let Some(ttl) = ttl {
-                    cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
-                }
-            }
+            let pipe = self.set_pipeline(chunk.iter().map(|&(pos, _)| &blocks[pos]), ttl);
             let route =
                 SingleNodeRoutingInfo::SpecificNode(Route::new(chunk[0].1, SlotAddr::Master));
             let mut c = conn.clone();
