@@ -731,6 +731,126 @@ fn host_port(url: &str) -> Option<(String, u16)> {
     Some((host.to_owned(), port.parse().ok()?))
 }
 
+/// The client library alone on `steps`' keys: one EXISTS pipeline per step
+/// and master (keys grouped by master before the clock starts), over one
+/// redis-rs multiplexed connection per master, eight steps in flight like
+/// the manager's default. Returns keys/s; checks the number of hits.
+async fn raw_redis_loop(urls: &[String], prefix: &str, steps: &[Step]) -> Result<f64, Failure> {
+    use futures_util::StreamExt;
+    let seed = redis::Client::open(urls[0].as_str())?;
+    // (first slot, last slot, master index) and a connection per master.
+    let mut ranges: Vec<(u16, u16, usize)> = Vec::new();
+    let mut conns = Vec::new();
+    if urls.len() > 1 {
+        let mut conn = seed.get_multiplexed_async_connection().await?;
+        let reply: Vec<(u16, u16, (String, u16))> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async::<Vec<redis::Value>>(&mut conn)
+            .await?
+            .into_iter()
+            .map(|entry| {
+                let redis::Value::Array(fields) = entry else {
+                    return Err("CLUSTER SLOTS: not an array");
+                };
+                let int = |v: &redis::Value| redis::from_redis_value_ref::<u16>(v).ok();
+                let host_port = match fields.get(2) {
+                    Some(redis::Value::Array(node)) => node
+                        .first()
+                        .and_then(|h| redis::from_redis_value_ref::<String>(h).ok())
+                        .zip(node.get(1).and_then(int)),
+                    _ => None,
+                };
+                match (
+                    fields.first().and_then(int),
+                    fields.get(1).and_then(int),
+                    host_port,
+                ) {
+                    (Some(a), Some(b), Some(node)) => Ok((a, b, node)),
+                    _ => Err("CLUSTER SLOTS: unexpected entry"),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let mut masters: Vec<(String, u16)> = Vec::new();
+        for (a, b, node) in reply {
+            let idx = match masters.iter().position(|m| *m == node) {
+                Some(i) => i,
+                None => {
+                    masters.push(node);
+                    masters.len() - 1
+                }
+            };
+            ranges.push((a, b, idx));
+        }
+        for (host, port) in &masters {
+            let client = redis::Client::open(format!("redis://{host}:{port}/"))?;
+            conns.push(client.get_multiplexed_async_connection().await?);
+        }
+    } else {
+        conns.push(seed.get_multiplexed_async_connection().await?);
+    }
+    let owner = |name: &[u8]| -> usize {
+        let slot = tier_redis::slot::key_slot(name);
+        ranges
+            .iter()
+            .find(|&&(a, b, _)| a <= slot && slot <= b)
+            .map_or(0, |&(_, _, m)| m)
+    };
+    // Per step, per master: the full key names.
+    let grouped: Vec<Vec<Vec<Vec<u8>>>> = steps
+        .iter()
+        .map(|(_, keys, _)| {
+            let mut groups = vec![Vec::new(); conns.len()];
+            for key in keys {
+                let mut name = prefix.as_bytes().to_vec();
+                name.extend_from_slice(key.as_bytes());
+                groups[owner(&name)].push(name);
+            }
+            groups
+        })
+        .collect();
+    let t = Instant::now();
+    let work = grouped.iter().map(|groups| {
+        let conns = &conns;
+        async move {
+            let pipelines =
+                groups
+                    .iter()
+                    .zip(conns)
+                    .filter(|(g, _)| !g.is_empty())
+                    .map(|(names, conn)| {
+                        let mut conn = conn.clone();
+                        let mut pipe = redis::Pipeline::with_capacity(names.len());
+                        for name in names {
+                            let mut cmd = redis::Cmd::with_capacity(2, 6 + name.len());
+                            cmd.arg("EXISTS").arg(name.as_slice());
+                            pipe.add_command(cmd);
+                        }
+                        async move { pipe.query_async::<Vec<i64>>(&mut conn).await }
+                    });
+            let mut hits = 0usize;
+            for answer in futures_util::future::join_all(pipelines).await {
+                hits += answer?.iter().filter(|&&n| n > 0).count();
+            }
+            Ok::<usize, redis::RedisError>(hits)
+        }
+    });
+    let hits: Vec<Result<usize, redis::RedisError>> = futures_util::stream::iter(work)
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let elapsed = t.elapsed().as_secs_f64();
+    let hits: usize = hits.into_iter().sum::<Result<usize, _>>()?;
+    let keys: usize = steps.iter().map(|s| s.1.len()).sum();
+    let present: usize = steps
+        .iter()
+        .map(|s| s.2.iter().filter(|&&p| p).count())
+        .sum();
+    if hits != present {
+        return Err(format!("raw redis-rs loop found {hits} of {present} keys").into());
+    }
+    Ok(keys as f64 / elapsed)
+}
+
 /// Runs redis-benchmark with EXISTS, 1,000 commands per pipeline and
 /// `connections` connections (on a cluster, with `--cluster`: each
 /// connection talks to one master, its keys carrying that master's hash
@@ -860,10 +980,10 @@ fn w3_one(
         };
 
     // Throughput: every step issued at once, then wait for the last answer;
-    // alternating with redis-benchmark; the medians of the rates and of the
-    // rounds' ratios are kept. After
-    // a round's cleanup its keys are new to the manager again.
-    let rounds = if cli.quick { 1 } else { 3 };
+    // five rounds, each followed by the baselines; the medians of the rates
+    // and of the rounds' paired ratios are kept. After a round's cleanup its
+    // keys are new to the manager again.
+    let rounds = if cli.quick { 1 } else { 5 };
     let n = if cli.quick { 100_000 } else { 1_000_000 };
     let (host, port) = host_port(&urls[0]).ok_or("cannot read host:port from the Redis URL")?;
     let cluster = urls.len() > 1;
@@ -872,6 +992,10 @@ fn w3_one(
     // On a cluster, also the literal `-c 1`: one connection, which
     // then talks to a single master.
     let mut one_connection = Vec::new();
+    // The client library alone: the same keys as EXISTS pipelines over
+    // redis-rs, without the manager or the tier.
+    let mut raw_client = Vec::new();
+    let prefix = format!("kvbench:{run:x}:");
     let mut verdict_errors = 0;
     for round in 0..rounds {
         let steps: Vec<Step> = (0..throughput_steps)
@@ -883,12 +1007,16 @@ fn w3_one(
         let (keys_per_s, errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
         rates.push(keys_per_s);
         verdict_errors += errors;
+        raw_client.push(rt.block_on(raw_redis_loop(urls, &prefix, &steps))?);
         baselines.push(redis_benchmark(&host, port, cluster, urls.len(), n)?);
         if cluster {
             one_connection.push(redis_benchmark(&host, port, true, 1, n)?);
         }
     }
     let ratio = paired_ratio(&rates, &baselines);
+    let raw_ratio = paired_ratio(&rates, &raw_client);
+    let raw_vs_benchmark = paired_ratio(&raw_client, &baselines);
+    let raw_rate = quantile(&mut raw_client, 0.5);
     let one_connection_ratio = cluster.then(|| paired_ratio(&rates, &one_connection));
     let one_connection_rate = cluster.then(|| quantile(&mut one_connection, 0.5).round());
     let keys_per_s = quantile(&mut rates, 0.5);
@@ -917,6 +1045,9 @@ fn w3_one(
         "keys_per_s": keys_per_s.round(),
         "baseline_keys_per_s": baseline.round(),
         "ratio": round3(ratio),
+        "raw_redis_rs_keys_per_s": raw_rate.round(),
+        "ratio_vs_raw_redis_rs": round3(raw_ratio),
+        "raw_redis_rs_vs_benchmark": round3(raw_vs_benchmark),
         "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
         "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
         "verdict_errors": verdict_errors,
