@@ -46,6 +46,12 @@ pub struct RedisConfig {
     /// Reconnection attempts after a dropped connection before a command
     /// fails. Default 1 (fail fast; the lookup manager probes again later).
     pub reconnect_retries: usize,
+    /// Send lookups' EXISTS pipelines pre-packed over plain-TCP connections
+    /// of the tier's own, reading the integer replies directly, instead of
+    /// through redis-rs (which builds and parses a value per command). Any
+    /// error reply or connection trouble falls back to redis-rs, which
+    /// decides the outcome. TLS always uses redis-rs. Default true.
+    pub lean_pipelines: bool,
 }
 
 impl Default for RedisConfig {
@@ -62,6 +68,7 @@ impl Default for RedisConfig {
             connect_timeout_ms: 500,
             response_timeout_ms: 1000,
             reconnect_retries: 1,
+            lean_pipelines: true,
         }
     }
 }
@@ -162,6 +169,7 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("response_timeout_ms", &self.response_timeout_ms)
             .field("reconnect_retries", &self.reconnect_retries)
+            .field("lean_pipelines", &self.lean_pipelines)
             .finish()
     }
 }

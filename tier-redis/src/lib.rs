@@ -11,6 +11,13 @@
 //!   pipeline fails (MOVED during resharding, a node down), the slot map is
 //!   dropped and that group's keys are asked one command at a time, with the
 //!   client library following MOVED / ASK.
+//! - **Lean pipelines.** Over plain TCP, lookup pipelines are written
+//!   pre-packed on connections of the tier's own and the integer replies
+//!   are read straight into booleans (redis-rs builds and parses a value per
+//!   command: about a third of the client's CPU per key). Any error reply
+//!   (MOVED, NOAUTH...) or connection trouble hands the chunk to redis-rs,
+//!   which decides the outcome; TLS always uses redis-rs. `lean_pipelines =
+//!   false` turns it off; [`RedisTier::pipeline_stats`] counts both paths.
 //! - **Outages.** The connection reconnects by itself. Connect and response
 //!   timeouts are short, so a lookup during an outage fails fast, with a
 //!   typed error (timeout, unavailable, auth, cluster down) that the lookup
@@ -39,10 +46,12 @@
 
 mod config;
 mod error;
+mod lean;
 pub mod slot;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
@@ -64,7 +73,18 @@ pub use error::RedisTierError;
 struct SlotMap {
     /// (first slot, last slot, master index), sorted by first slot.
     ranges: Vec<(u16, u16, usize)>,
-    masters: usize,
+    /// Host and port of each master, and its lean-path connections.
+    masters: Vec<(String, u16, Option<lean::LeanPool>)>,
+}
+
+/// How lookup pipelines went: through the lean path, or back to redis-rs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineStats {
+    /// Pipelines answered by the lean path.
+    pub lean: u64,
+    /// Lean attempts that gave up (error reply, connection trouble), after
+    /// which redis-rs answered.
+    pub fallbacks: u64,
 }
 
 impl SlotMap {
@@ -79,11 +99,15 @@ enum Backend {
     Single {
         client: Client,
         conn: OnceCell<ConnectionManager>,
+        lean: Option<Box<lean::LeanPool>>,
     },
     Cluster {
         client: Box<ClusterClient>,
         conn: OnceCell<ClusterConnection>,
         slots: RwLock<Option<Arc<SlotMap>>>,
+        /// The seed's settings for masters' lean connections (host and
+        /// port replaced), if the lean path is on and the seed is plain TCP.
+        lean: Option<lean::Endpoint>,
     },
 }
 
@@ -92,6 +116,12 @@ pub struct RedisTier {
     config: RedisConfig,
     endpoint: String,
     backend: Backend,
+    epoch: Instant,
+    lean_pipelines: AtomicU64,
+    lean_fallbacks: AtomicU64,
+    /// Milliseconds since `epoch` before which the lean path is not tried
+    /// (set after connection trouble, so an outage does not cost twice).
+    lean_paused_until: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisTier {
@@ -163,6 +193,10 @@ impl RedisTier {
                     client: Box::new(client),
                     conn: OnceCell::new(),
                     slots: RwLock::new(None),
+                    lean: config
+                        .cluster_urls
+                        .first()
+                        .and_then(|seed| lean_endpoint(seed, &config)),
                 },
             )
         } else {
@@ -195,6 +229,8 @@ impl RedisTier {
                 Backend::Single {
                     client,
                     conn: OnceCell::new(),
+                    lean: lean_endpoint(&config.url, &config)
+                        .map(|endpoint| Box::new(lean::LeanPool::new(endpoint))),
                 },
             )
         };
@@ -202,12 +238,56 @@ impl RedisTier {
             config,
             endpoint,
             backend,
+            epoch: Instant::now(),
+            lean_pipelines: AtomicU64::new(0),
+            lean_fallbacks: AtomicU64::new(0),
+            lean_paused_until: AtomicU64::new(0),
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &RedisConfig {
         &self.config
+    }
+
+    /// How lookup pipelines went so far (see `lean_pipelines` in [`RedisConfig`]).
+    pub fn pipeline_stats(&self) -> PipelineStats {
+        PipelineStats {
+            lean: self.lean_pipelines.load(Ordering::Relaxed),
+            fallbacks: self.lean_fallbacks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// One chunk through the lean path; `None` means "ask redis-rs".
+    async fn try_lean<'a>(
+        &self,
+        pool: Option<&lean::LeanPool>,
+        keys: impl ExactSizeIterator<Item = &'a OffloadKey>,
+    ) -> Option<Vec<bool>> {
+        let pool = pool?;
+        let now_ms = || u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if now_ms() < self.lean_paused_until.load(Ordering::Relaxed) {
+            return None;
+        }
+        match pool.exists(self.config.key_prefix.as_bytes(), keys).await {
+            Ok(found) => {
+                self.lean_pipelines.fetch_add(1, Ordering::Relaxed);
+                Some(found)
+            }
+            Err(e) => {
+                self.lean_fallbacks.fetch_add(1, Ordering::Relaxed);
+                // A moved slot is redis-rs's to follow; anything else (an
+                // outage, a refused handshake) pauses the lean path for a
+                // second, so a failing server is not asked twice per chunk.
+                let moved = matches!(&e, lean::LeanError::Server(m) if m.starts_with("MOVED") || m.starts_with("ASK"));
+                if !moved {
+                    self.lean_paused_until
+                        .store(now_ms().saturating_add(1000), Ordering::Relaxed);
+                }
+                tracing::debug!(endpoint = %self.endpoint, error = %e, "lean EXISTS pipeline gave up; asking redis-rs");
+                None
+            }
+        }
     }
 
     /// Where it connects, without credentials.
@@ -260,7 +340,7 @@ impl RedisTier {
     }
 
     async fn single(&self) -> Result<ConnectionManager> {
-        let Backend::Single { client, conn } = &self.backend else {
+        let Backend::Single { client, conn, .. } = &self.backend else {
             unreachable_backend()
         };
         let config = ConnectionManagerConfig::new()
@@ -331,27 +411,31 @@ impl RedisTier {
     }
 
     async fn exists_single(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
+        let Backend::Single { lean, .. } = &self.backend else {
+            unreachable_backend()
+        };
         let conn = self.single().await?;
-        // Collected first: the futures own their pipelines, and no lazy
-        // iterator is held across an await (the future must be Send).
+        // Collected first: no lazy iterator is held across an await (the
+        // future must be Send).
         let chunks: Vec<_> = keys
             .chunks(self.config.pipeline_chunk)
             .map(|chunk| {
                 let mut conn = conn.clone();
-                let pipe = self.exists_pipeline(chunk.iter());
-                async move { pipe.query_async::<Vec<i64>>(&mut conn).await }
+                async move {
+                    if let Some(found) = self.try_lean(lean.as_deref(), chunk.iter()).await {
+                        return Ok(found);
+                    }
+                    let pipe = self.exists_pipeline(chunk.iter());
+                    let answers = pipe.query_async::<Vec<i64>>(&mut conn).await?;
+                    Ok::<_, redis::RedisError>(answers.into_iter().map(|n| n > 0).collect())
+                }
             })
             .collect();
         let mut found = Vec::with_capacity(keys.len());
         let mut answers =
             futures_util::stream::iter(chunks).buffered(self.config.max_chunks_in_flight);
         while let Some(answer) = answers.next().await {
-            found.extend(
-                answer
-                    .map_err(|e| self.err("EXISTS pipeline", e))?
-                    .into_iter()
-                    .map(|n| n > 0),
-            );
+            found.extend(answer.map_err(|e| self.err("EXISTS pipeline", e))?);
         }
         self.check_len(found, keys.len())
     }
@@ -368,7 +452,7 @@ impl RedisTier {
     }
 
     async fn slot_map(&self, conn: &ClusterConnection) -> Result<Arc<SlotMap>> {
-        let Backend::Cluster { slots, .. } = &self.backend else {
+        let Backend::Cluster { slots, lean, .. } = &self.backend else {
             unreachable_backend()
         };
         if let Some(map) = slots
@@ -384,13 +468,28 @@ impl RedisTier {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.err("CLUSTER SLOTS", e))?;
-        let map = Arc::new(parse_cluster_slots(reply).ok_or_else(|| {
-            RedisTierError::UnexpectedReply {
+        let mut map =
+            parse_cluster_slots(reply).ok_or_else(|| RedisTierError::UnexpectedReply {
                 endpoint: self.endpoint.clone(),
                 op: "CLUSTER SLOTS",
                 detail: "not a slot map".to_owned(),
+            })?;
+        if let Some(template) = lean {
+            for (host, port, pool) in &mut map.masters {
+                *pool = Some(lean::LeanPool::new(lean::Endpoint {
+                    // An empty host means "the address you reached me at".
+                    host: if host.is_empty() {
+                        template.host.clone()
+                    } else {
+                        host.clone()
+                    },
+                    port: *port,
+                    db: 0,
+                    ..template.clone()
+                }));
             }
-        })?);
+        }
+        let map = Arc::new(map);
         *slots.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&map));
         Ok(map)
     }
@@ -408,8 +507,12 @@ impl RedisTier {
         let mut found = vec![false; keys.len()];
         let calls: Vec<_> = groups
             .iter()
-            .filter(|g| !g.is_empty())
-            .map(|group| self.exists_cluster_group(&conn, keys, group))
+            .enumerate()
+            .filter(|(_, g)| !g.is_empty())
+            .map(|(master, group)| {
+                let pool = map.masters.get(master).and_then(|m| m.2.as_ref());
+                self.exists_cluster_group(&conn, pool, keys, group)
+            })
             .collect();
         let group_answers = join_all(calls).await;
         for (group, answer) in groups.iter().filter(|g| !g.is_empty()).zip(group_answers) {
@@ -427,12 +530,12 @@ impl RedisTier {
         map: &SlotMap,
         keys: impl Iterator<Item = &'a OffloadKey>,
     ) -> Vec<Vec<(usize, u16)>> {
-        let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters + 1];
+        let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters.len() + 1];
         let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
         for (pos, key) in keys.enumerate() {
             self.write_full_key(&mut name, key);
             let slot = slot::key_slot(&name);
-            groups[map.owner(slot).unwrap_or(map.masters)].push((pos, slot));
+            groups[map.owner(slot).unwrap_or(map.masters.len())].push((pos, slot));
         }
         groups
     }
@@ -443,6 +546,7 @@ impl RedisTier {
     async fn exists_cluster_group(
         &self,
         conn: &ClusterConnection,
+        lean: Option<&lean::LeanPool>,
         keys: &[OffloadKey],
         group: &[(usize, u16)],
     ) -> Result<Vec<bool>> {
@@ -450,11 +554,18 @@ impl RedisTier {
             .chunks(self.config.pipeline_chunk)
             .map(|chunk| {
                 let mut conn = conn.clone();
-                let route =
-                    SingleNodeRoutingInfo::SpecificNode(Route::new(chunk[0].1, SlotAddr::Master));
-                let pipe = self.exists_pipeline(chunk.iter().map(|&(pos, _)| &keys[pos]));
-                let n = chunk.len();
-                async move { conn.route_pipeline(pipe, 0, n, route).await }
+                async move {
+                    let chunk_keys = chunk.iter().map(|&(pos, _)| &keys[pos]);
+                    if let Some(found) = self.try_lean(lean, chunk_keys.clone()).await {
+                        return Ok(found.into_iter().map(|f| Value::Int(f.into())).collect());
+                    }
+                    let route = SingleNodeRoutingInfo::SpecificNode(Route::new(
+                        chunk[0].1,
+                        SlotAddr::Master,
+                    ));
+                    let pipe = self.exists_pipeline(chunk_keys);
+                    conn.route_pipeline(pipe, 0, chunk.len(), route).await
+                }
             })
             .collect();
         let mut answers =
@@ -701,12 +812,40 @@ impl RedisTier {
     }
 }
 
+/// The lean path's settings for `url`: plain TCP only, with the configured
+/// user and password over the URL's; `None` when the lean path is off.
+fn lean_endpoint(url: &str, config: &RedisConfig) -> Option<lean::Endpoint> {
+    if !config.lean_pipelines {
+        return None;
+    }
+    let info = url.into_connection_info().ok()?;
+    let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+        return None;
+    };
+    let settings = info.redis_settings();
+    Some(lean::Endpoint {
+        host: host.clone(),
+        port: *port,
+        username: config
+            .username
+            .clone()
+            .or_else(|| settings.username().map(str::to_owned)),
+        password: config
+            .password
+            .clone()
+            .or_else(|| settings.password().map(str::to_owned)),
+        db: settings.db(),
+        connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+        response_timeout: Duration::from_millis(config.response_timeout_ms),
+    })
+}
+
 /// Parses a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id], replicas...], ...]`.
 fn parse_cluster_slots(reply: Value) -> Option<SlotMap> {
     let Value::Array(entries) = reply else {
         return None;
     };
-    let mut masters: Vec<(Vec<u8>, i64)> = Vec::new();
+    let mut masters: Vec<(String, u16, Option<lean::LeanPool>)> = Vec::new();
     let mut ranges = Vec::new();
     for entry in entries {
         let Value::Array(fields) = entry else {
@@ -719,22 +858,19 @@ fn parse_cluster_slots(reply: Value) -> Option<SlotMap> {
             return None;
         };
         let mut master = master.into_iter();
-        let host = redis::from_redis_value::<Vec<u8>>(master.next()?).ok()?;
-        let port = redis::from_redis_value::<i64>(master.next()?).ok()?;
+        let host = redis::from_redis_value::<String>(master.next()?).ok()?;
+        let port = u16::try_from(redis::from_redis_value::<i64>(master.next()?).ok()?).ok()?;
         let idx = match masters.iter().position(|m| m.0 == host && m.1 == port) {
             Some(i) => i,
             None => {
-                masters.push((host, port));
+                masters.push((host, port, None));
                 masters.len() - 1
             }
         };
         ranges.push((u16::try_from(start).ok()?, u16::try_from(end).ok()?, idx));
     }
     ranges.sort_unstable();
-    Some(SlotMap {
-        ranges,
-        masters: masters.len(),
-    })
+    Some(SlotMap { ranges, masters })
 }
 
 #[cold]

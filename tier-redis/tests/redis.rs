@@ -94,6 +94,34 @@ async fn binary_keys_with_every_byte_value_are_distinct() {
         for (key, payload) in &present {
             assert_eq!(tier.load(key).await.unwrap().as_ref(), Some(payload));
         }
+        // Plain TCP: the lookups went through the lean path, none fell back.
+        let stats = tier.pipeline_stats();
+        assert!(stats.lean > 0, "{}: {stats:?}", tier.endpoint());
+        assert_eq!(stats.fallbacks, 0, "{}: {stats:?}", tier.endpoint());
+    }
+}
+
+#[tokio::test]
+async fn lookups_without_the_lean_path_give_the_same_answers() {
+    for tier in tiers("lookups_without_the_lean_path") {
+        let plain = RedisTier::new(RedisConfig {
+            lean_pipelines: false,
+            ..tier.config().clone()
+        })
+        .unwrap();
+        let keys = unique_keys(3_000, 36);
+        let present: Vec<(OffloadKey, Vec<u8>)> = keys
+            .iter()
+            .step_by(2)
+            .map(|k| (k.clone(), b"x".to_vec()))
+            .collect();
+        tier.store_many(&present, None).await.unwrap();
+        let lean = tier.exists_many(&keys).await.unwrap();
+        let redis_rs = plain.exists_many(&keys).await.unwrap();
+        assert_eq!(lean, redis_rs, "{}", tier.endpoint());
+        assert_eq!(lean.iter().filter(|&&f| f).count(), 1_500);
+        assert!(tier.pipeline_stats().lean > 0);
+        assert_eq!(plain.pipeline_stats(), tier_redis::PipelineStats::default());
     }
 }
 

@@ -1048,6 +1048,8 @@ fn w3_one(
         "raw_redis_rs_keys_per_s": raw_rate.round(),
         "ratio_vs_raw_redis_rs": round3(raw_ratio),
         "raw_redis_rs_vs_benchmark": round3(raw_vs_benchmark),
+        "lean_pipelines": tier.pipeline_stats().lean,
+        "lean_fallbacks": tier.pipeline_stats().fallbacks,
         "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
         "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
         "verdict_errors": verdict_errors,
