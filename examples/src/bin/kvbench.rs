@@ -938,6 +938,8 @@ fn w3_one(
 ) -> Result<Value, Failure> {
     const STEP: usize = 1024;
     const PRELOAD: u64 = 50_000;
+    const WIDE_STEPS: usize = 32;
+    const WIDE_CALLS: usize = 64;
     let throughput_steps = if cli.quick { 10 } else { 96 }; // 96 × 512 distinct present keys < 50,000
     let ttv_steps = if cli.quick { 20 } else { 200 };
     let run = Rng::new(cli.seed).next_u64() ^ std::process::id() as u64;
@@ -949,14 +951,23 @@ fn w3_one(
     let blocks: Vec<(OffloadKey, Vec<u8>)> =
         preload.iter().map(|k| (k.clone(), b"x".to_vec())).collect();
     rt.block_on(tier.store_many(&blocks, None))?;
-    let mut m = AsyncLookupManager::with_wake_hook(
+    let config = ManagerConfig {
+        call_timeout_ms: 5_000,
+        // The throughput run issues every step at once: room for all of
+        // them, instead of the default backlog bound deferring some.
+        max_queued_keys: throughput_steps * STEP,
+        ..ManagerConfig::named(label)
+    };
+    let mut m = AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())?;
+    // The same with wider in-flight limits (32 steps, 64 calls instead of 8
+    // and 32): more pipelines per server at once, which a cluster on 2 cores
+    // needs to keep its servers busy.
+    let mut wide = AsyncLookupManager::with_wake_hook(
         Arc::clone(&tier),
         ManagerConfig {
-            call_timeout_ms: 5_000,
-            // The throughput run issues every step at once: room for all of
-            // them, instead of the default backlog bound deferring some.
-            max_queued_keys: throughput_steps * STEP,
-            ..ManagerConfig::named(label)
+            max_steps_in_flight: WIDE_STEPS,
+            max_calls_in_flight: WIDE_CALLS,
+            ..config
         },
         unpark_me(),
     )?;
@@ -995,6 +1006,7 @@ fn w3_one(
     // The client library alone: the same keys as EXISTS pipelines over
     // redis-rs, without the manager or the tier.
     let mut raw_client = Vec::new();
+    let mut wide_rates = Vec::new();
     let prefix = format!("kvbench:{run:x}:");
     let mut verdict_errors = 0;
     for round in 0..rounds {
@@ -1007,6 +1019,9 @@ fn w3_one(
         let (keys_per_s, errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
         rates.push(keys_per_s);
         verdict_errors += errors;
+        let (keys_per_s, errors) = back_to_back(&mut wide, &steps, Duration::from_secs(120))?;
+        wide_rates.push(keys_per_s);
+        verdict_errors += errors;
         raw_client.push(rt.block_on(raw_redis_loop(urls, &prefix, &steps))?);
         baselines.push(redis_benchmark(&host, port, cluster, urls.len(), n)?);
         if cluster {
@@ -1014,6 +1029,8 @@ fn w3_one(
         }
     }
     let ratio = paired_ratio(&rates, &baselines);
+    let wide_ratio = paired_ratio(&wide_rates, &baselines);
+    let wide_rate = quantile(&mut wide_rates, 0.5);
     let raw_ratio = paired_ratio(&rates, &raw_client);
     let raw_vs_benchmark = paired_ratio(&raw_client, &baselines);
     let raw_rate = quantile(&mut raw_client, 0.5);
@@ -1032,7 +1049,9 @@ fn w3_one(
     let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
     verdict_errors += errors;
     let stats = m.stats();
+    let wide_stats = wide.stats();
     m.shutdown();
+    wide.shutdown();
 
     let mut line = json!({
         "workload": "w3",
@@ -1040,11 +1059,14 @@ fn w3_one(
         "params": { "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
                     "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
                     "rounds": rounds,
+                    "wide_limits": { "max_steps_in_flight": WIDE_STEPS, "max_calls_in_flight": WIDE_CALLS },
                     "baseline": "redis-benchmark -P 1000 EXISTS -c 1; on a cluster --cluster -c <masters> (and the literal -c 1, one master)",
                     "masters": urls.len() },
         "keys_per_s": keys_per_s.round(),
         "baseline_keys_per_s": baseline.round(),
         "ratio": round3(ratio),
+        "wide_limits_keys_per_s": wide_rate.round(),
+        "wide_limits_ratio": round3(wide_ratio),
         "raw_redis_rs_keys_per_s": raw_rate.round(),
         "ratio_vs_raw_redis_rs": round3(raw_ratio),
         "raw_redis_rs_vs_benchmark": round3(raw_vs_benchmark),
@@ -1053,7 +1075,7 @@ fn w3_one(
         "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
         "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
         "verdict_errors": verdict_errors,
-        "errors": stats.errors + stats.timeouts,
+        "errors": stats.errors + stats.timeouts + wide_stats.errors + wide_stats.timeouts,
     });
     if let (Some(rate), Some(ratio)) = (one_connection_rate, one_connection_ratio) {
         line["baseline_one_connection_keys_per_s"] = json!(rate);
