@@ -14,7 +14,7 @@
 //! - **Lean pipelines.** Over plain TCP, lookup pipelines are written
 //!   pre-packed on connections of the tier's own and the integer replies
 //!   are read straight into booleans (redis-rs builds and parses a value per
-//!   command: about a third of the client's CPU per key). Any error reply
+//!   command: nearly half the client's CPU per key). Any error reply
 //!   (MOVED, NOAUTH...) or connection trouble hands the chunk to redis-rs,
 //!   which decides the outcome; TLS always uses redis-rs. `lean_pipelines =
 //!   false` turns it off; [`RedisTier::pipeline_stats`] counts both paths.
