@@ -33,6 +33,16 @@ fn tiers(test: &str) -> Vec<RedisTier> {
     tiers
 }
 
+/// Stores every `step`-th key of `keys` (from the first) with a one-byte payload.
+async fn store_every(tier: &RedisTier, keys: &[OffloadKey], step: usize) {
+    let present: Vec<(OffloadKey, Vec<u8>)> = keys
+        .iter()
+        .step_by(step)
+        .map(|k| (k.clone(), b"x".to_vec()))
+        .collect();
+    tier.store_many(&present, None).await.unwrap();
+}
+
 #[tokio::test]
 async fn store_lookup_load_remove_round_trip() {
     for tier in tiers("store_lookup_load_remove_round_trip") {
@@ -110,12 +120,7 @@ async fn lookups_without_the_lean_path_give_the_same_answers() {
         })
         .unwrap();
         let keys = unique_keys(3_000, 36);
-        let present: Vec<(OffloadKey, Vec<u8>)> = keys
-            .iter()
-            .step_by(2)
-            .map(|k| (k.clone(), b"x".to_vec()))
-            .collect();
-        tier.store_many(&present, None).await.unwrap();
+        store_every(&tier, &keys, 2).await;
         let lean = tier.exists_many(&keys).await.unwrap();
         let redis_rs = plain.exists_many(&keys).await.unwrap();
         assert_eq!(lean, redis_rs, "{}", tier.endpoint());
@@ -163,12 +168,7 @@ async fn ten_thousand_key_batches_and_empty_batches() {
     for tier in tiers("ten_thousand_key_batches_and_empty_batches") {
         assert!(tier.exists_many(&[]).await.unwrap().is_empty());
         let keys = unique_keys(10_000, 36);
-        let present: Vec<(OffloadKey, Vec<u8>)> = keys
-            .iter()
-            .step_by(3)
-            .map(|k| (k.clone(), b"x".to_vec()))
-            .collect();
-        tier.store_many(&present, None).await.unwrap();
+        store_every(&tier, &keys, 3).await;
         let found = tier
             .batch_lookup(&keys, &ReqContext::new("big"))
             .await
