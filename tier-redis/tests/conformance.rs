@@ -1,7 +1,7 @@
 //! The lookup-core conformance suite against a real Redis server and a real
 //! 3-master Redis Cluster (from scripts/services.sh).
 
-mod support;
+use kvtier_test_services as support;
 
 use std::sync::Arc;
 

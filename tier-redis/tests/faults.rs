@@ -3,14 +3,14 @@
 //! restarted (the same tier recovers without being rebuilt); the same for
 //! one node of a 3-master cluster.
 
-mod support;
+use kvtier_test_services as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lookup_core::testkit::unique_keys;
 use lookup_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
-use support::{PrivateCluster, PrivateRedis};
+use support::{PrivateCluster, PrivateServer};
 use tier_redis::{RedisConfig, RedisTier};
 
 fn manager_config() -> ManagerConfig {
@@ -149,19 +149,19 @@ fn outage_and_recovery<S>(
 
 #[test]
 fn a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart() {
-    if !support::have(
+    let Some(redis) = support::binary(
         "redis-server",
         "a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart",
-    ) {
+    ) else {
         return;
-    }
-    let mut server = PrivateRedis::start(&[]);
+    };
+    let mut server = PrivateServer::redis(redis);
     let tier = Arc::new(RedisTier::new(fast(RedisConfig::from_url(server.url()))).unwrap());
     outage_and_recovery(
         &mut server,
         tier,
-        PrivateRedis::kill,
-        PrivateRedis::restart,
+        PrivateServer::kill,
+        PrivateServer::start,
         Outage {
             keys: 64,
             fresh: 32,
@@ -174,20 +174,20 @@ fn a_killed_server_gives_counted_errors_and_the_tier_recovers_after_restart() {
 
 #[test]
 fn a_killed_cluster_node_gives_counted_errors_and_the_cluster_tier_recovers() {
-    if !support::have(
+    let Some(redis) = support::binary(
         "redis-server",
         "a_killed_cluster_node_gives_counted_errors_and_the_cluster_tier_recovers",
-    ) {
+    ) else {
         return;
-    }
-    let mut cluster = PrivateCluster::start();
+    };
+    let mut cluster = PrivateCluster::start(&redis);
     let tier = Arc::new(RedisTier::new(fast(RedisConfig::cluster(cluster.urls()))).unwrap());
     outage_and_recovery(
         &mut cluster,
         tier,
         |c| c.nodes[1].kill(),
         |c| {
-            c.nodes[1].restart();
+            c.nodes[1].start();
             c.wait_ok();
         },
         Outage {

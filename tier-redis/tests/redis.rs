@@ -1,13 +1,13 @@
 //! The Redis tier against real servers: round trips, TTL, binary keys,
 //! large and empty batches, wrong credentials, unreachable ports, TLS.
 
-mod support;
+use kvtier_test_services as support;
 
 use std::time::{Duration, Instant};
 
 use lookup_core::testkit::unique_keys;
 use lookup_core::{OffloadKey, ReqContext, Tier, TierErrorKind};
-use support::PrivateRedis;
+use support::PrivateServer;
 use tier_redis::{RedisConfig, RedisTier, RedisTierError};
 
 fn tiers(test: &str) -> Vec<RedisTier> {
@@ -185,10 +185,11 @@ async fn ten_thousand_key_batches_and_empty_batches() {
 
 #[tokio::test]
 async fn a_wrong_password_is_a_typed_auth_error() {
-    if !support::have("redis-server", "a_wrong_password_is_a_typed_auth_error") {
+    let Some(redis) = support::binary("redis-server", "a_wrong_password_is_a_typed_auth_error")
+    else {
         return;
-    }
-    let server = PrivateRedis::start(&["--requirepass", "right-password"]);
+    };
+    let server = PrivateServer::redis_with(redis, &["--requirepass", "right-password"]);
     let wrong = RedisTier::new(RedisConfig {
         password: Some("wrong-password".into()),
         ..RedisConfig::from_url(server.url())

@@ -5,13 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvtier_test_services::required;
 use lookup_core::testkit::{self, TierFixture, unique_keys};
 use lookup_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
 use tier_s3::{S3Config, S3Tier, S3TierError};
-
-fn required() -> bool {
-    std::env::var("KVTIER_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
-}
 
 /// The configured server, or `None` after saying loudly that the test skipped.
 fn config(test: &str) -> Option<S3Config> {
