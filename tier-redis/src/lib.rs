@@ -557,14 +557,19 @@ impl RedisTier {
                 async move {
                     let chunk_keys = chunk.iter().map(|&(pos, _)| &keys[pos]);
                     if let Some(found) = self.try_lean(lean, chunk_keys.clone()).await {
-                        return Ok(found.into_iter().map(|f| Value::Int(f.into())).collect());
+                        return Ok(found);
                     }
                     let route = SingleNodeRoutingInfo::SpecificNode(Route::new(
                         chunk[0].1,
                         SlotAddr::Master,
                     ));
                     let pipe = self.exists_pipeline(chunk_keys);
-                    conn.route_pipeline(pipe, 0, chunk.len(), route).await
+                    conn.route_pipeline(pipe, 0, chunk.len(), route)
+                        .await?
+                        .into_iter()
+                        .map(|v| redis::from_redis_value::<i64>(v).map(|n| n > 0))
+                        .collect::<Result<Vec<bool>, _>>()
+                        .map_err(redis::RedisError::from)
                 }
             })
             .collect();
@@ -573,17 +578,8 @@ impl RedisTier {
         let mut found = Vec::with_capacity(group.len());
         let mut failed = None;
         while let Some(answer) = answers.next().await {
-            match answer.map(|values| {
-                values
-                    .into_iter()
-                    .map(|v| redis::from_redis_value::<i64>(v).map(|n| n > 0))
-                    .collect::<Result<Vec<bool>, _>>()
-            }) {
-                Ok(Ok(values)) => found.extend(values),
-                Ok(Err(e)) => {
-                    failed = Some(redis::RedisError::from(e));
-                    break;
-                }
+            match answer {
+                Ok(values) => found.extend(values),
                 Err(e) => {
                     failed = Some(e);
                     break;
