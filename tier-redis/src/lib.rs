@@ -117,6 +117,8 @@ pub struct RedisTier {
     endpoint: String,
     backend: Backend,
     epoch: Instant,
+    /// Slots of this tier's names (prefix + key).
+    slots: slot::PrefixedSlots,
     lean_pipelines: AtomicU64,
     lean_fallbacks: AtomicU64,
     /// Milliseconds since `epoch` before which the lean path is not tried
@@ -235,6 +237,7 @@ impl RedisTier {
             )
         };
         Ok(Self {
+            slots: slot::PrefixedSlots::new(config.key_prefix.as_bytes()),
             config,
             endpoint,
             backend,
@@ -531,10 +534,8 @@ impl RedisTier {
         keys: impl Iterator<Item = &'a OffloadKey>,
     ) -> Vec<Vec<(usize, u16)>> {
         let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters.len() + 1];
-        let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
         for (pos, key) in keys.enumerate() {
-            self.write_full_key(&mut name, key);
-            let slot = slot::key_slot(&name);
+            let slot = self.slots.slot(key.as_bytes());
             groups[map.owner(slot).unwrap_or(map.masters.len())].push((pos, slot));
         }
         groups

@@ -65,8 +65,13 @@ const fn crc_tables() -> [[u16; 256]; 8] {
 
 /// CRC16/XMODEM (polynomial 0x1021, initial value 0).
 fn crc16(bytes: &[u8]) -> u16 {
+    crc16_update(0, bytes)
+}
+
+/// Continues a CRC16/XMODEM over more bytes: `crc16_update(crc16(a), b)`
+/// is `crc16(a ++ b)`.
+fn crc16_update(mut crc: u16, bytes: &[u8]) -> u16 {
     let t = &TABLES;
-    let mut crc: u16 = 0;
     let mut chunks = bytes.chunks_exact(8);
     for c in &mut chunks {
         let [hi, lo] = crc.to_be_bytes();
@@ -102,11 +107,58 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crc16(hash_tag(key)) % SLOTS
 }
 
+/// Slots of keys that all start with one prefix, without building each
+/// name: the prefix's CRC is computed once and continued over the key.
+#[derive(Debug, Clone)]
+pub struct PrefixedSlots {
+    prefix: Vec<u8>,
+    /// The CRC of the prefix, when the prefix holds no `{` (so any hash
+    /// tag lies wholly in the key); `None` otherwise.
+    prefix_crc: Option<u16>,
+}
+
+impl PrefixedSlots {
+    /// For names `prefix` + key.
+    pub fn new(prefix: &[u8]) -> Self {
+        Self {
+            prefix: prefix.to_vec(),
+            prefix_crc: (!prefix.contains(&b'{')).then(|| crc16(prefix)),
+        }
+    }
+
+    /// The slot of the name `prefix` + `key`; always `key_slot` of it.
+    pub fn slot(&self, key: &[u8]) -> u16 {
+        let Some(prefix_crc) = self.prefix_crc else {
+            let mut name = Vec::with_capacity(self.prefix.len() + key.len());
+            name.extend_from_slice(&self.prefix);
+            name.extend_from_slice(key);
+            return key_slot(&name);
+        };
+        let tag = hash_tag(key);
+        if tag.len() < key.len() {
+            // A tag inside the key: only it is hashed.
+            crc16(tag) % SLOTS
+        } else {
+            crc16_update(prefix_crc, key) % SLOTS
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     proptest::proptest! {
+        #[test]
+        fn prefixed_slots_match_the_whole_name(
+            prefix in proptest::collection::vec(proptest::sample::select(vec![b'a', b'{', b'}', 0, b':']), 0..12),
+            key in proptest::collection::vec(proptest::sample::select(vec![b'x', b'{', b'}', 0, 0xff]), 0..40),
+        ) {
+            let mut name = prefix.clone();
+            name.extend_from_slice(&key);
+            proptest::prop_assert_eq!(PrefixedSlots::new(&prefix).slot(&key), key_slot(&name));
+        }
+
         #[test]
         fn fast_crc_matches_the_definition(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..100)) {
             proptest::prop_assert_eq!(crc16(&bytes), crc16_bitwise(&bytes));
