@@ -731,62 +731,72 @@ fn host_port(url: &str) -> Option<(String, u16)> {
     Some((host.to_owned(), port.parse().ok()?))
 }
 
+/// Slot ranges `(first, last, master index)` and each master's URL: from
+/// `CLUSTER SLOTS` when `urls` are a cluster's seeds, else the one server
+/// (with no ranges).
+async fn redis_layout(urls: &[String]) -> Result<(Vec<(u16, u16, usize)>, Vec<String>), Failure> {
+    if urls.len() < 2 {
+        return Ok((Vec::new(), urls.to_vec()));
+    }
+    let seed = redis::Client::open(urls[0].as_str())?;
+    let mut conn = seed.get_multiplexed_async_connection().await?;
+    let reply: Vec<(u16, u16, (String, u16))> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async::<Vec<redis::Value>>(&mut conn)
+        .await?
+        .into_iter()
+        .map(|entry| {
+            let redis::Value::Array(fields) = entry else {
+                return Err("CLUSTER SLOTS: not an array");
+            };
+            let int = |v: &redis::Value| redis::from_redis_value_ref::<u16>(v).ok();
+            let host_port = match fields.get(2) {
+                Some(redis::Value::Array(node)) => node
+                    .first()
+                    .and_then(|h| redis::from_redis_value_ref::<String>(h).ok())
+                    .zip(node.get(1).and_then(int)),
+                _ => None,
+            };
+            match (
+                fields.first().and_then(int),
+                fields.get(1).and_then(int),
+                host_port,
+            ) {
+                (Some(a), Some(b), Some(node)) => Ok((a, b, node)),
+                _ => Err("CLUSTER SLOTS: unexpected entry"),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let mut ranges = Vec::new();
+    let mut masters: Vec<(String, u16)> = Vec::new();
+    for (a, b, node) in reply {
+        let idx = match masters.iter().position(|m| *m == node) {
+            Some(i) => i,
+            None => {
+                masters.push(node);
+                masters.len() - 1
+            }
+        };
+        ranges.push((a, b, idx));
+    }
+    let urls = masters
+        .iter()
+        .map(|(host, port)| format!("redis://{host}:{port}/"))
+        .collect();
+    Ok((ranges, urls))
+}
+
 /// The client library alone on `steps`' keys: one EXISTS pipeline per step
 /// and master (keys grouped by master before the clock starts), over one
 /// redis-rs multiplexed connection per master, eight steps in flight like
 /// the manager's default. Returns keys/s; checks the number of hits.
 async fn raw_redis_loop(urls: &[String], prefix: &str, steps: &[Step]) -> Result<f64, Failure> {
     use futures_util::StreamExt;
-    let seed = redis::Client::open(urls[0].as_str())?;
-    // (first slot, last slot, master index) and a connection per master.
-    let mut ranges: Vec<(u16, u16, usize)> = Vec::new();
+    let (ranges, masters) = redis_layout(urls).await?;
     let mut conns = Vec::new();
-    if urls.len() > 1 {
-        let mut conn = seed.get_multiplexed_async_connection().await?;
-        let reply: Vec<(u16, u16, (String, u16))> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async::<Vec<redis::Value>>(&mut conn)
-            .await?
-            .into_iter()
-            .map(|entry| {
-                let redis::Value::Array(fields) = entry else {
-                    return Err("CLUSTER SLOTS: not an array");
-                };
-                let int = |v: &redis::Value| redis::from_redis_value_ref::<u16>(v).ok();
-                let host_port = match fields.get(2) {
-                    Some(redis::Value::Array(node)) => node
-                        .first()
-                        .and_then(|h| redis::from_redis_value_ref::<String>(h).ok())
-                        .zip(node.get(1).and_then(int)),
-                    _ => None,
-                };
-                match (
-                    fields.first().and_then(int),
-                    fields.get(1).and_then(int),
-                    host_port,
-                ) {
-                    (Some(a), Some(b), Some(node)) => Ok((a, b, node)),
-                    _ => Err("CLUSTER SLOTS: unexpected entry"),
-                }
-            })
-            .collect::<Result<_, _>>()?;
-        let mut masters: Vec<(String, u16)> = Vec::new();
-        for (a, b, node) in reply {
-            let idx = match masters.iter().position(|m| *m == node) {
-                Some(i) => i,
-                None => {
-                    masters.push(node);
-                    masters.len() - 1
-                }
-            };
-            ranges.push((a, b, idx));
-        }
-        for (host, port) in &masters {
-            let client = redis::Client::open(format!("redis://{host}:{port}/"))?;
-            conns.push(client.get_multiplexed_async_connection().await?);
-        }
-    } else {
-        conns.push(seed.get_multiplexed_async_connection().await?);
+    for url in &masters {
+        let client = redis::Client::open(url.as_str())?;
+        conns.push(client.get_multiplexed_async_connection().await?);
     }
     let owner = |name: &[u8]| -> usize {
         let slot = tier_redis::slot::key_slot(name);
@@ -851,30 +861,59 @@ async fn raw_redis_loop(urls: &[String], prefix: &str, steps: &[Step]) -> Result
     Ok(keys as f64 / elapsed)
 }
 
-/// Runs redis-benchmark with EXISTS, 1,000 commands per pipeline and
-/// `connections` connections (on a cluster, with `--cluster`: each
+/// What redis-benchmark asks for: `EXISTS <key>`, where `__rand_int__` in
+/// `key` is a 12-digit number below `keyspace` (and, on a cluster, `{tag}`
+/// the hash tag of the connection's master).
+struct BenchKeys {
+    key: String,
+    keyspace: u64,
+}
+
+impl BenchKeys {
+    /// The usual redis-benchmark keys: short, and none of them exists.
+    fn short_absent(cluster: bool) -> Self {
+        Self {
+            key: if cluster {
+                "kvbench:base:{tag}:__rand_int__"
+            } else {
+                "kvbench:base:__rand_int__"
+            }
+            .to_owned(),
+            keyspace: 1_000_000,
+        }
+    }
+}
+
+/// Runs redis-benchmark with EXISTS on `keys`, 1,000 commands per pipeline
+/// and `connections` connections (on a cluster, with `--cluster`: each
 /// connection talks to one master, its keys carrying that master's hash
-/// tag), and returns its requests per second.
+/// tag), on `cpus` if given, and returns its requests per second.
+#[allow(clippy::too_many_arguments)]
 fn redis_benchmark(
     host: &str,
     port: u16,
     cluster: bool,
     connections: usize,
     n: u64,
+    keys: &BenchKeys,
+    cpus: Option<&str>,
 ) -> Result<f64, Failure> {
-    let mut cmd = std::process::Command::new("redis-benchmark");
+    let mut cmd = match cpus {
+        Some(cpus) => {
+            let mut c = std::process::Command::new("taskset");
+            c.args(["-c", cpus, "redis-benchmark"]);
+            c
+        }
+        None => std::process::Command::new("redis-benchmark"),
+    };
     cmd.args(["-h", host, "-p", &port.to_string(), "-P", "1000"]);
     cmd.args(["-c", &connections.to_string()]);
     if cluster {
         cmd.arg("--cluster");
     }
-    let key = if cluster {
-        "kvbench:base:{tag}:__rand_int__"
-    } else {
-        "kvbench:base:__rand_int__"
-    };
     let out = cmd
-        .args(["-n", &n.to_string(), "-r", "1000000", "-q", "EXISTS", key])
+        .args(["-n", &n.to_string(), "-r", &keys.keyspace.to_string()])
+        .args(["-q", "EXISTS", &keys.key])
         .stderr(std::process::Stdio::null())
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
@@ -892,11 +931,224 @@ fn redis_benchmark(
     Ok(rps)
 }
 
+/// redis-benchmark keys that cost the server what the tier's keys cost:
+/// names of `name_len` bytes, half of them present. The usual baseline asks
+/// for short names that do not exist, which is cheaper for the server (no
+/// key compare, no access-time update on a hit, fewer bytes to read and
+/// hash) and so flatters it.
+///
+/// On a cluster, redis-benchmark replaces `{tag}` with a fixed hash tag per
+/// master; a short SET run finds those tags. Then every even number below
+/// the keyspace is stored under each tag (in the first run; later runs find
+/// them), so half of what redis-benchmark asks for exists, as in w3.
+async fn matched_bench_keys(
+    urls: &[String],
+    name_len: usize,
+    present_per_master: u64,
+) -> Result<BenchKeys, Failure> {
+    let cluster = urls.len() > 1;
+    let (_, masters) = redis_layout(urls).await?;
+    let (host, port) = host_port(&urls[0]).ok_or("cannot read host:port from the Redis URL")?;
+    let head = if cluster {
+        "kvbench:mb:{tag}:"
+    } else {
+        "kvbench:mb:"
+    };
+    let pad = name_len
+        .checked_sub(head.len() + 12)
+        .ok_or("the tier's key names are too short for a matched baseline")?;
+    let key = format!("{head}{}__rand_int__", "p".repeat(pad));
+    // Each master's tag (redis-benchmark's own choice), or none.
+    let mut tags: Vec<Option<String>> = vec![None; masters.len()];
+    if cluster {
+        const PROBE: &str = "kvbench:tagprobe:{tag}";
+        let status = std::process::Command::new("redis-benchmark")
+            .args(["-h", &host, "-p", &port.to_string(), "--cluster", "-q"])
+            .args([
+                "-c",
+                &masters.len().to_string(),
+                "-n",
+                "300",
+                "SET",
+                PROBE,
+                "x",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err(format!("redis-benchmark SET probe failed: {status}").into());
+        }
+        for (master, tag) in masters.iter().zip(&mut tags) {
+            let mut conn = redis::Client::open(master.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            let probes: Vec<String> = redis::cmd("KEYS")
+                .arg("kvbench:tagprobe:*")
+                .query_async(&mut conn)
+                .await?;
+            let open = PROBE.find('{').unwrap_or(0);
+            *tag = probes
+                .iter()
+                .find_map(|k| k.get(open..open + "{tag}".len()))
+                .map(str::to_owned);
+            for probe in &probes {
+                redis::cmd("DEL")
+                    .arg(probe)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
+        }
+        if tags.iter().any(Option::is_none) {
+            return Err("redis-benchmark's SET probe did not reach every master".into());
+        }
+    }
+    for (master, tag) in masters.iter().zip(&tags) {
+        let mut conn = redis::Client::open(master.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let name = |id: u64| {
+            let mut k = key.replace("__rand_int__", &format!("{id:012}"));
+            if let Some(tag) = tag {
+                k = k.replacen("{tag}", tag, 1);
+            }
+            k
+        };
+        // Stored already by an earlier run?
+        let (last_even, last_odd) = (2 * (present_per_master - 1), 2 * present_per_master - 1);
+        let (even, odd): (bool, bool) = redis::pipe()
+            .exists(name(last_even))
+            .exists(name(last_odd))
+            .query_async(&mut conn)
+            .await?;
+        if even && !odd {
+            continue;
+        }
+        for chunk in (0..present_per_master).collect::<Vec<_>>().chunks(1000) {
+            let mut pipe = redis::pipe();
+            for &i in chunk {
+                pipe.set(name(2 * i), "x").ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
+        }
+    }
+    Ok(BenchKeys {
+        key,
+        keyspace: 2 * present_per_master,
+    })
+}
+
+/// The Redis servers' processes, from the service script's pid files
+/// (`KVTIER_REDIS_PIDFILE`, or the cluster's under
+/// `KVTIER_REDIS_CLUSTER_PIDDIR`); empty when they are not known.
+fn redis_server_pids(cluster: bool) -> Vec<u32> {
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    };
+    if !cluster {
+        return std::env::var_os("KVTIER_REDIS_PIDFILE")
+            .and_then(|p| read(std::path::Path::new(&p)))
+            .into_iter()
+            .collect();
+    }
+    let Some(dir) = std::env::var_os("KVTIER_REDIS_CLUSTER_PIDDIR") else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("cluster-"))
+        .filter_map(|e| read(&e.path().join("pid")))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The servers on CPU 0, this process (every thread) and the baseline
+/// clients on the other CPUs, as when the servers have hosts of their own;
+/// the previous affinities come back on drop. On a 2-core machine the
+/// client otherwise competes with three servers for CPU time, which
+/// measures the machine more than the client.
+struct Pinning {
+    /// (pid, its affinity mask before) for the servers and this process.
+    previous: Vec<(u32, String)>,
+    client_cpus: String,
+}
+
+impl Pinning {
+    fn new(servers: &[u32]) -> Result<Self, String> {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        if cpus < 2 {
+            return Err(format!("{cpus} CPU available"));
+        }
+        if servers.is_empty() {
+            return Err("server processes unknown (no pid files from scripts/services.sh)".into());
+        }
+        let client_cpus = if cpus == 2 {
+            "1".to_owned()
+        } else {
+            format!("1-{}", cpus - 1)
+        };
+        let mut pinning = Self {
+            previous: Vec::new(),
+            client_cpus,
+        };
+        let me = std::process::id();
+        for &pid in servers.iter().chain([&me]) {
+            let mask = taskset(&["-p", &pid.to_string()])?
+                .rsplit(':')
+                .next()
+                .map(|m| m.trim().to_owned())
+                .ok_or("cannot read taskset's mask")?;
+            let cpus = if pid == me {
+                pinning.client_cpus.clone()
+            } else {
+                "0".to_owned()
+            };
+            taskset(&["-a", "-p", "-c", &cpus, &pid.to_string()])?;
+            pinning.previous.push((pid, mask));
+        }
+        Ok(pinning)
+    }
+}
+
+impl Drop for Pinning {
+    fn drop(&mut self) {
+        for (pid, mask) in &self.previous {
+            if let Err(e) = taskset(&["-a", "-p", mask, &pid.to_string()]) {
+                eprintln!("kvbench: could not restore the CPU affinity of {pid}: {e}");
+            }
+        }
+    }
+}
+
+fn taskset(args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("taskset")
+        .args(args)
+        .output()
+        .map_err(|e| format!("taskset: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "taskset {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// W3: the Redis tier through the manager. Preload 50,000 keys; steps of
 /// 1,024 new keys (half present) from one request each: keys/s with steps
 /// issued back to back, and time-to-verdict p50/p99 over 200 steps polled
-/// every 0.1 ms. Next to redis-benchmark -P 1000 -c 1 EXISTS on the same
-/// server (on a cluster: one such run per master, at once, summed).
+/// every 0.1 ms. Next to redis-benchmark -P 1000 EXISTS on the same server
+/// (`-c 1`; on a cluster `--cluster`, one connection per master, and the
+/// literal `-c 1`), both on its usual keys (short, absent) and on keys that
+/// cost the server what the tier's cost (as long, half present); each also
+/// with the servers pinned to a CPU of their own (see [`Pinning`]).
 fn w3(cli: &Cli) -> Result<Vec<Value>, Failure> {
     let single = std::env::var("KVTIER_REDIS_URL").ok();
     let cluster = std::env::var("KVTIER_REDIS_CLUSTER_URLS").ok();
@@ -938,16 +1190,20 @@ fn w3_one(
 ) -> Result<Value, Failure> {
     const STEP: usize = 1024;
     const PRELOAD: u64 = 50_000;
+    const KEY_LEN: usize = 36;
     const WIDE_STEPS: usize = 32;
     const WIDE_CALLS: usize = 64;
     let throughput_steps = if cli.quick { 10 } else { 96 }; // 96 × 512 distinct present keys < 50,000
     let ttv_steps = if cli.quick { 20 } else { 200 };
-    let run = Rng::new(cli.seed).next_u64() ^ std::process::id() as u64;
+    // The tier's default prefix plus a run id (the run's keys are removed at
+    // the end): names of 52 bytes, not much longer than the default's 43.
+    let run = (Rng::new(cli.seed).next_u64() ^ u64::from(std::process::id())) as u32;
+    let prefix = format!("kvtier:{run:08x}:");
     let tier = Arc::new(tier_redis::RedisTier::new(tier_redis::RedisConfig {
-        key_prefix: format!("kvbench:{run:x}:"),
+        key_prefix: prefix.clone(),
         ..config
     })?);
-    let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, 36)).collect();
+    let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, KEY_LEN)).collect();
     let blocks: Vec<(OffloadKey, Vec<u8>)> =
         preload.iter().map(|k| (k.clone(), b"x".to_vec())).collect();
     rt.block_on(tier.store_many(&blocks, None))?;
@@ -983,7 +1239,7 @@ fn w3_one(
                     truth.push(true);
                 } else {
                     absent_id += 1;
-                    keys.push(key_from_id(absent_id, 36));
+                    keys.push(key_from_id(absent_id, KEY_LEN));
                     truth.push(false);
                 }
             }
@@ -1000,11 +1256,24 @@ fn w3_one(
     // reply (measured: 1M requests took 0.52 or 0.77 s by the wall clock,
     // never in between), so its rate is understated by up to a tick. Runs of
     // about 3 s keep that under 10%; against a single server it is exact.
-    let (n, n_one_connection) = match (cli.quick, cluster) {
-        (true, _) => (100_000, 100_000),
-        (false, false) => (1_000_000, 0),
-        (false, true) => (6_000_000, 3_000_000),
+    let (n, n_one_connection, n_pinned) = match (cli.quick, cluster) {
+        (true, _) => (100_000, 100_000, 100_000),
+        (false, false) => (1_000_000, 0, 1_000_000),
+        // Pinned, the servers share one CPU: about half the rate.
+        (false, true) => (6_000_000, 3_000_000, 3_000_000),
     };
+    let usual_keys = BenchKeys::short_absent(cluster);
+    let matched_keys = rt.block_on(matched_bench_keys(
+        urls,
+        tier.config().key_prefix.len() + KEY_LEN,
+        PRELOAD / urls.len() as u64,
+    ))?;
+    let server_pids = redis_server_pids(cluster);
+    let mut matched = Vec::new();
+    let mut pinned_rates = Vec::new();
+    let mut pinned_baselines = Vec::new();
+    let mut pinned_matched = Vec::new();
+    let mut pinned_skipped = None;
     let (host, port) = host_port(&urls[0]).ok_or("cannot read host:port from the Redis URL")?;
     let mut rates = Vec::new();
     let mut baselines = Vec::new();
@@ -1015,7 +1284,6 @@ fn w3_one(
     // redis-rs, without the manager or the tier.
     let mut raw_client = Vec::new();
     let mut wide_rates = Vec::new();
-    let prefix = format!("kvbench:{run:x}:");
     let mut verdict_errors = 0;
     for round in 0..rounds {
         let steps: Vec<Step> = (0..throughput_steps)
@@ -1031,12 +1299,67 @@ fn w3_one(
         wide_rates.push(keys_per_s);
         verdict_errors += errors;
         raw_client.push(rt.block_on(raw_redis_loop(urls, &prefix, &steps))?);
-        baselines.push(redis_benchmark(&host, port, cluster, urls.len(), n)?);
+        baselines.push(redis_benchmark(
+            &host,
+            port,
+            cluster,
+            urls.len(),
+            n,
+            &usual_keys,
+            None,
+        )?);
+        matched.push(redis_benchmark(
+            &host,
+            port,
+            cluster,
+            urls.len(),
+            n,
+            &matched_keys,
+            None,
+        )?);
         if cluster {
-            one_connection.push(redis_benchmark(&host, port, true, 1, n_one_connection)?);
+            one_connection.push(redis_benchmark(
+                &host,
+                port,
+                true,
+                1,
+                n_one_connection,
+                &usual_keys,
+                None,
+            )?);
+        }
+        // The same with the servers on a CPU of their own.
+        match Pinning::new(&server_pids) {
+            Ok(pinning) => {
+                let cpus = Some(pinning.client_cpus.as_str());
+                let (keys_per_s, errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
+                pinned_rates.push(keys_per_s);
+                verdict_errors += errors;
+                pinned_baselines.push(redis_benchmark(
+                    &host,
+                    port,
+                    cluster,
+                    urls.len(),
+                    n_pinned,
+                    &usual_keys,
+                    cpus,
+                )?);
+                pinned_matched.push(redis_benchmark(
+                    &host,
+                    port,
+                    cluster,
+                    urls.len(),
+                    n_pinned,
+                    &matched_keys,
+                    cpus,
+                )?);
+            }
+            Err(why) => pinned_skipped = Some(why),
         }
     }
     let ratio = paired_ratio(&rates, &baselines);
+    let matched_ratio = paired_ratio(&rates, &matched);
+    let matched_rate = quantile(&mut matched, 0.5);
     let wide_ratio = paired_ratio(&wide_rates, &baselines);
     let wide_rate = quantile(&mut wide_rates, 0.5);
     let raw_ratio = paired_ratio(&rates, &raw_client);
@@ -1056,6 +1379,8 @@ fn w3_one(
         .collect();
     let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
     verdict_errors += errors;
+    // Leave the server as it was (the run's names are unique to it).
+    rt.block_on(tier.remove_many(&preload))?;
     let stats = m.stats();
     let wide_stats = wide.stats();
     m.shutdown();
@@ -1085,6 +1410,25 @@ fn w3_one(
         "verdict_errors": verdict_errors,
         "errors": stats.errors + stats.timeouts + wide_stats.errors + wide_stats.timeouts,
     });
+    line["baseline_matched_keys_per_s"] = json!(matched_rate.round());
+    line["ratio_vs_matched"] = json!(round3(matched_ratio));
+    line["params"]["matched_baseline"] = json!(format!(
+        "redis-benchmark EXISTS {} -r {}: names as long as the tier's, half of them present",
+        matched_keys.key, matched_keys.keyspace
+    ));
+    if pinned_rates.is_empty() {
+        line["pinned_skipped"] = json!(pinned_skipped.unwrap_or_default());
+    } else {
+        line["pinned_keys_per_s"] = json!(quantile(&mut pinned_rates.clone(), 0.5).round());
+        line["pinned_ratio"] = json!(round3(paired_ratio(&pinned_rates, &pinned_baselines)));
+        line["pinned_ratio_vs_matched"] =
+            json!(round3(paired_ratio(&pinned_rates, &pinned_matched)));
+        line["pinned_baseline_keys_per_s"] = json!(quantile(&mut pinned_baselines, 0.5).round());
+        line["pinned_baseline_matched_keys_per_s"] =
+            json!(quantile(&mut pinned_matched, 0.5).round());
+        line["params"]["pinned"] =
+            json!("servers on CPU 0; kvbench and redis-benchmark on the other CPUs (taskset)");
+    }
     if let (Some(rate), Some(ratio)) = (one_connection_rate, one_connection_ratio) {
         line["baseline_one_connection_keys_per_s"] = json!(rate);
         line["ratio_vs_one_connection"] = json!(round3(ratio));
