@@ -27,17 +27,42 @@
 //! Connections are made by the first call, on that call's tokio runtime;
 //! usually that is the lookup manager's worker.
 //!
-//! ```no_run
+//! ```
 //! use std::sync::Arc;
-//! use lookup_core::{ManagerConfig, OffloadKey};
+//! use std::time::Duration;
+//! use lookup_core::{LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
 //! use tier_redis::{RedisConfig, RedisTier};
 //!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let tier = Arc::new(RedisTier::new(RedisConfig::from_url("redis://127.0.0.1:6379/"))?);
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # // Runs against the server of `scripts/services.sh`; skipped loudly
+//! # // without it, a failure when services are required (CI).
+//! # let Ok(url) = std::env::var("KVTIER_REDIS_URL") else {
+//! #     assert!(std::env::var_os("KVTIER_REQUIRE_SERVICES").is_none(), "KVTIER_REDIS_URL not set");
+//! #     eprintln!("SKIPPED tier-redis doc example: KVTIER_REDIS_URL not set");
+//! #     return Ok(());
+//! # };
+//! // url: e.g. "redis://127.0.0.1:6379/"
+//! let tier = Arc::new(RedisTier::new(RedisConfig {
+//!     key_prefix: "doc-example:".into(),
+//!     ..RedisConfig::from_url(&url)
+//! })?);
 //! let key = OffloadKey::from_block_hash(&[7; 32], 0);
-//! tier.store(&key, b"kv bytes", None).await?;
-//! assert_eq!(tier.load(&key).await?.as_deref(), Some(&b"kv bytes"[..]));
+//! let rt = tokio::runtime::Runtime::new()?;
+//! rt.block_on(tier.store(&key, b"kv bytes", None))?;
+//! assert_eq!(rt.block_on(tier.load(&key))?.as_deref(), Some(&b"kv bytes"[..]));
+//!
+//! // The scheduler's side: answers at once, never waits for Redis.
 //! let mut manager = tier.manager(ManagerConfig::default())?;
+//! let req = ReqContext::new("request-1");
+//! assert_eq!(manager.lookup(&key, &req)?, LookupVerdict::Pending);
+//! manager.flush(); // once per scheduler step
+//! // ...a later step:
+//! while manager.lookup(&key, &req)? == LookupVerdict::Pending {
+//!     std::thread::sleep(Duration::from_millis(1));
+//! }
+//! assert_eq!(manager.lookup(&key, &req)?, LookupVerdict::Hit);
+//! manager.cleanup("request-1");
+//! rt.block_on(tier.remove(&key))?;
 //! # Ok(()) }
 //! ```
 

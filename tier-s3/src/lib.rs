@@ -17,21 +17,35 @@
 //! configuration or from the standard AWS chain (environment, profile,
 //! container, instance metadata).
 //!
-//! ```no_run
+//! ```
 //! use lookup_core::OffloadKey;
 //! use tier_s3::{S3Config, S3Tier};
 //!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # // Runs against the S3 server of `scripts/services.sh` (credentials from
+//! # // the AWS environment variables it writes); skipped loudly without it,
+//! # // a failure when services are required (CI).
+//! # let (Ok(endpoint), Ok(bucket)) =
+//! #     (std::env::var("KVTIER_S3_ENDPOINT"), std::env::var("KVTIER_S3_BUCKET"))
+//! # else {
+//! #     assert!(std::env::var_os("KVTIER_REQUIRE_SERVICES").is_none(), "KVTIER_S3_ENDPOINT / KVTIER_S3_BUCKET not set");
+//! #     eprintln!("SKIPPED tier-s3 doc example: KVTIER_S3_ENDPOINT / KVTIER_S3_BUCKET not set");
+//! #     return Ok(());
+//! # };
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! // endpoint: e.g. "http://127.0.0.1:9000" for a local MinIO or s3s-fs
 //! let tier = S3Tier::new(S3Config {
-//!     endpoint: Some("http://127.0.0.1:9000".into()),
+//!     endpoint: Some(endpoint),
 //!     force_path_style: true,
-//!     ..S3Config::new("my-bucket")
+//!     prefix: "doc-example/".into(),
+//!     ..S3Config::new(bucket)
 //! })
 //! .await?;
 //! let key = OffloadKey::from_block_hash(&[1; 32], 0);
 //! tier.store(&key, b"kv bytes".to_vec()).await?;
 //! assert_eq!(tier.exists_many(&[key.clone()]).await?, [true]);
-//! # Ok(()) }
+//! # Ok::<_, Box<dyn std::error::Error>>(()) })
+//! # }
 //! ```
 
 #![deny(missing_docs)]
