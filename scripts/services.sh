@@ -52,7 +52,13 @@ start_redis() { # name port [extra args...]
   local dir="$STATE/$name"
   mkdir -p "$dir"
   if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
-    log "$name already running (pid $(cat "$dir/pid"))"; return
+    log "$name already running (pid $(cat "$dir/pid"))"
+    # kvbench w3 pins the servers to one CPU for a while and puts them back;
+    # if it was killed meanwhile, this undoes it.
+    if command -v taskset >/dev/null; then
+      taskset -a -p "$(taskset -p $$ | sed 's/.*: //')" "$(cat "$dir/pid")" >/dev/null 2>&1 || true
+    fi
+    return
   fi
   redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save "" --appendonly no \
     --daemonize yes --pidfile "$dir/pid" --logfile "$dir/log" "$@"
