@@ -568,14 +568,16 @@ impl S3Tier {
     }
 
     /// A request slot: a permit from `limit` and a count in flight, both
-    /// released when the slot is dropped.
+    /// released when the slot is dropped: the count first (a tuple drops in
+    /// order), so the next holder of the permit never finds it still
+    /// counted and `max_in_flight` never reads one over the limit.
     async fn slot<'a>(
         &'a self,
         limit: &'a Semaphore,
         op: &'static str,
-    ) -> Result<(tokio::sync::SemaphorePermit<'a>, InFlight<'a>)> {
+    ) -> Result<(InFlight<'a>, tokio::sync::SemaphorePermit<'a>)> {
         let permit = limit.acquire().await.map_err(|_| self.closed(op))?;
-        Ok((permit, InFlight::new(self)))
+        Ok((InFlight::new(self), permit))
     }
 
     fn closed(&self, op: &'static str) -> S3TierError {
