@@ -958,6 +958,14 @@ async fn matched_bench_keys(
         .checked_sub(head.len() + 12)
         .ok_or("the tier's key names are too short for a matched baseline")?;
     let key = format!("{head}{}__rand_int__", "p".repeat(pad));
+    let mut conns = Vec::with_capacity(masters.len());
+    for master in &masters {
+        conns.push(
+            redis::Client::open(master.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
     // Each master's tag (redis-benchmark's own choice), or none.
     let mut tags: Vec<Option<String>> = vec![None; masters.len()];
     if cluster {
@@ -979,34 +987,25 @@ async fn matched_bench_keys(
         if !status.success() {
             return Err(format!("redis-benchmark SET probe failed: {status}").into());
         }
-        for (master, tag) in masters.iter().zip(&mut tags) {
-            let mut conn = redis::Client::open(master.as_str())?
-                .get_multiplexed_async_connection()
-                .await?;
+        let open = PROBE.find('{').unwrap_or(0);
+        for (conn, tag) in conns.iter_mut().zip(&mut tags) {
             let probes: Vec<String> = redis::cmd("KEYS")
                 .arg("kvbench:tagprobe:*")
-                .query_async(&mut conn)
+                .query_async(conn)
                 .await?;
-            let open = PROBE.find('{').unwrap_or(0);
             *tag = probes
                 .iter()
                 .find_map(|k| k.get(open..open + "{tag}".len()))
                 .map(str::to_owned);
             for probe in &probes {
-                redis::cmd("DEL")
-                    .arg(probe)
-                    .query_async::<()>(&mut conn)
-                    .await?;
+                redis::cmd("DEL").arg(probe).query_async::<()>(conn).await?;
             }
         }
         if tags.iter().any(Option::is_none) {
             return Err("redis-benchmark's SET probe did not reach every master".into());
         }
     }
-    for (master, tag) in masters.iter().zip(&tags) {
-        let mut conn = redis::Client::open(master.as_str())?
-            .get_multiplexed_async_connection()
-            .await?;
+    for (conn, tag) in conns.iter_mut().zip(&tags) {
         let name = |id: u64| {
             let mut k = key.replace("__rand_int__", &format!("{id:012}"));
             if let Some(tag) = tag {
@@ -1019,17 +1018,17 @@ async fn matched_bench_keys(
         let (even, odd): (bool, bool) = redis::pipe()
             .exists(name(last_even))
             .exists(name(last_odd))
-            .query_async(&mut conn)
+            .query_async(conn)
             .await?;
         if even && !odd {
             continue;
         }
-        for chunk in (0..present_per_master).collect::<Vec<_>>().chunks(1000) {
+        for start in (0..present_per_master).step_by(1000) {
             let mut pipe = redis::pipe();
-            for &i in chunk {
+            for i in start..(start + 1000).min(present_per_master) {
                 pipe.set(name(2 * i), "x").ignore();
             }
-            pipe.query_async::<()>(&mut conn).await?;
+            pipe.query_async::<()>(conn).await?;
         }
     }
     Ok(BenchKeys {
@@ -1419,10 +1418,11 @@ fn w3_one(
     if pinned_rates.is_empty() {
         line["pinned_skipped"] = json!(pinned_skipped.unwrap_or_default());
     } else {
-        line["pinned_keys_per_s"] = json!(quantile(&mut pinned_rates.clone(), 0.5).round());
         line["pinned_ratio"] = json!(round3(paired_ratio(&pinned_rates, &pinned_baselines)));
         line["pinned_ratio_vs_matched"] =
             json!(round3(paired_ratio(&pinned_rates, &pinned_matched)));
+        // After the paired ratios: `quantile` sorts.
+        line["pinned_keys_per_s"] = json!(quantile(&mut pinned_rates, 0.5).round());
         line["pinned_baseline_keys_per_s"] = json!(quantile(&mut pinned_baselines, 0.5).round());
         line["pinned_baseline_matched_keys_per_s"] =
             json!(quantile(&mut pinned_matched, 0.5).round());
