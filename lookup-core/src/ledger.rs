@@ -407,6 +407,8 @@ struct Counters {
     deferred: u64,
     calls_started: u64,
     calls_finished: u64,
+    /// The first failed call's cause, kept for `stats()`.
+    first_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -415,6 +417,22 @@ struct StepState {
     outstanding: usize,
     /// Whether one of its calls has started.
     started: bool,
+}
+
+/// An error and its sources on one line, leaving out a source whose text
+/// the line already holds.
+fn one_line(err: &dyn std::error::Error) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = e.source();
+    }
+    line
 }
 
 /// The manager's state machine; see the [module docs](self).
@@ -868,10 +886,20 @@ impl Ledger {
                     results = found.len(),
                     "tier answered with the wrong number of results; resolving its keys as errors"
                 );
+                self.counters.first_error.get_or_insert_with(|| {
+                    format!(
+                        "answered {} results for {} keys",
+                        found.len(),
+                        call.keys.len()
+                    )
+                });
                 TierErrorKind::WrongResultCount
             }
             CallOutcome::Failed(err) => {
                 tracing::warn!(tier = %self.tier, keys = call.keys.len(), error = %err, "tier call failed");
+                self.counters
+                    .first_error
+                    .get_or_insert_with(|| one_line(&err));
                 err.kind()
             }
             CallOutcome::TimedOut => {
@@ -881,6 +909,12 @@ impl Ledger {
                     timeout_ms = self.call_timeout.as_millis() as u64,
                     "tier call exceeded its deadline"
                 );
+                self.counters.first_error.get_or_insert_with(|| {
+                    format!(
+                        "no answer within the call deadline ({} ms)",
+                        self.call_timeout.as_millis()
+                    )
+                });
                 TierErrorKind::Timeout
             }
         };
@@ -1097,6 +1131,7 @@ impl Ledger {
             tracked_requests: self.requests.len(),
             tier_call_latency: self.call_latency.summary(),
             time_to_verdict: self.time_to_verdict.summary(),
+            first_error: c.first_error.clone(),
         }
     }
 }

@@ -66,6 +66,11 @@ pub struct ManagerStats {
     pub tier_call_latency: LatencySummary,
     /// Time from the flush that submitted a key to the lookup that first returned its verdict.
     pub time_to_verdict: LatencySummary,
+    /// The first failed tier call's cause (an error, a timeout or a wrong
+    /// number of results), as one line; `None` while no call has failed.
+    /// A program can print it next to `errors` and `timeouts`, so a
+    /// misconfigured tier is named with its cause rather than only counted.
+    pub first_error: Option<String>,
 }
 
 /// A microsecond histogram that never fails to record.

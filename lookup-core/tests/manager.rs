@@ -283,6 +283,8 @@ fn a_failed_probe_is_an_error_and_is_retried_after_backoff() {
     assert_eq!(wait_verdict(&mut m, &key(1), &ctx), LookupVerdict::Miss);
     let stats = m.stats();
     assert_eq!((stats.errors, stats.misses), (1, 0), "{stats:?}");
+    let first = stats.first_error.expect("the failure's cause is kept");
+    assert!(first.contains("injected"), "{first}");
 
     tier.set_config(MockConfig::default()); // the tier recovers
     std::thread::sleep(Duration::from_millis(60)); // past the 50 ms back-off
@@ -295,6 +297,8 @@ fn a_failed_probe_is_an_error_and_is_retried_after_backoff() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(tier.call_count(), 2);
+    // The first cause stays: a later success does not erase it.
+    assert_eq!(m.stats().first_error.as_deref(), Some(first.as_str()));
 }
 
 // Defect 1: a short answer resolves every key (as errors) and leaks nothing.
@@ -320,6 +324,8 @@ fn a_wrong_length_answer_resolves_every_key_as_an_error() {
     ));
     let stats = m.stats();
     assert_eq!((stats.errors, stats.hits, stats.misses), (4, 0, 0));
+    let first = stats.first_error.expect("the cause is kept");
+    assert!(first.contains("for 4 keys"), "{first}");
     m.cleanup("a");
     assert!(m.is_idle(), "no state leaked");
 }
