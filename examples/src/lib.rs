@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use lookup_core::OffloadKey;
 
+pub mod plot;
+
 /// A global allocator that counts live heap bytes, for memory figures.
 ///
 /// Install it in a binary with

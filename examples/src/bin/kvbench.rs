@@ -49,7 +49,7 @@ enum Workload {
 
 /// kvtier benchmarks; each reports its same-run baseline and the ratio.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "kvbench", version)]
 struct Cli {
     /// Which workload to run.
     #[arg(value_enum)]

@@ -17,8 +17,12 @@
 //! ```text
 //! cargo run --release -p examples --bin scheduler_sim
 //! cargo run --release -p examples --bin scheduler_sim -- --redis redis://127.0.0.1:16379/ \
-//!     --s3 kvtier-test --s3-endpoint http://127.0.0.1:19000 --plot ttv.svg
+//!     --s3 kvtier-test --s3-endpoint http://127.0.0.1:19000 --plot
 //! ```
+//!
+//! Every tier is checked before the run (Redis answers PING, S3 finds the
+//! bucket with these credentials); a tier that fails the check ends the
+//! program with a non-zero exit and one line naming the tier and the cause.
 
 #![warn(clippy::unwrap_used)]
 
@@ -29,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use examples::{Rng, key_from_id, micros, quantile};
+use examples::{Rng, key_from_id, micros, plot, quantile};
 use lookup_core::{
     AsyncLookupManager, ManagerConfig, ManagerStats, OffloadKey, ReqContext, StackVerdict,
     TierStack,
@@ -40,15 +44,18 @@ use tier_mock::{MockConfig, MockTier};
 use tier_redis::{RedisConfig, RedisTier};
 use tier_s3::{S3Config, S3Tier};
 
-/// Simulates a vLLM-like scheduler asking secondary tiers for cached prefixes.
+/// Simulates a vLLM-like scheduler asking kvtier's secondary tiers (disk,
+/// then Redis / S3 if given, then a mock remote tier) for cached prefixes,
+/// and reports hit rates, time to answer and each tier's errors.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "scheduler_sim", version)]
+#[command(group(clap::ArgGroup::new("redis_tier").args(["redis", "redis_cluster"]).multiple(true)))]
 struct Cli {
-    /// Scheduler steps to run.
-    #[arg(long, default_value_t = 2000)]
+    /// Scheduler steps to run (at least 1).
+    #[arg(long, default_value_t = 2000, value_parser = at_least_one)]
     steps: usize,
-    /// Requests arriving over the run.
-    #[arg(long, default_value_t = 1000)]
+    /// Requests arriving over the run (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     requests: usize,
     /// Distinct system prompts the requests share.
     #[arg(long, default_value_t = 8)]
@@ -57,10 +64,10 @@ struct Cli {
     #[arg(long, default_value_t = 24)]
     system_blocks: usize,
     /// Blocks of each request's own text (at most this many, at least 1).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     user_blocks: usize,
-    /// Fraction of requests that are follow-up turns of an earlier one.
-    #[arg(long, default_value_t = 0.3)]
+    /// Fraction of requests that are follow-up turns of an earlier one (0 to 1).
+    #[arg(long, default_value_t = 0.3, value_parser = fraction)]
     follow_ups: f64,
     /// Simulated model execution per step, in microseconds (the scheduler sleeps).
     #[arg(long, default_value_t = 1000)]
@@ -74,20 +81,24 @@ struct Cli {
     /// Capacity of the disk tier, in MiB (small, so that it evicts).
     #[arg(long, default_value_t = 32)]
     disk_capacity_mib: u64,
-    /// Bytes of KV data per block.
-    #[arg(long, default_value_t = 16 << 10)]
+    /// Bytes of KV data per block (at least 1).
+    #[arg(long, default_value_t = 16 << 10, value_parser = at_least_one)]
     block_bytes: usize,
-    /// Add a Redis tier at this URL (after disk).
+    /// Add a Redis tier at this URL (after disk): redis://, rediss:// (TLS) or redis+unix://.
     #[arg(long)]
     redis: Option<String>,
     /// Add a Redis Cluster tier with these seed URLs, comma-separated.
     #[arg(long)]
     redis_cluster: Option<String>,
+    /// PEM file of a private CA that signed the Redis servers' TLS certificates
+    /// (for rediss:// URLs; `scripts/services.sh` writes one as KVTIER_REDIS_TLS_CA).
+    #[arg(long, requires = "redis_tier")]
+    redis_ca: Option<PathBuf>,
     /// Add an S3 tier with this bucket (credentials from the AWS chain).
     #[arg(long)]
     s3: Option<String>,
-    /// Endpoint of the S3-compatible server (path-style addressing).
-    #[arg(long)]
+    /// Endpoint of the S3-compatible server (path-style addressing); needs --s3.
+    #[arg(long, requires = "s3")]
     s3_endpoint: Option<String>,
     /// Leave out the mock remote tier.
     #[arg(long)]
@@ -98,11 +109,13 @@ struct Cli {
     /// Jitter added to the mock tier's latency, in microseconds.
     #[arg(long, default_value_t = 400)]
     mock_jitter_us: u64,
-    /// Probability that loading a block from a tier other than disk fails (exercises mark_miss).
-    #[arg(long, default_value_t = 0.01)]
+    /// Probability (0 to 1) that loading a block from a tier other than disk fails (exercises mark_miss).
+    #[arg(long, default_value_t = 0.01, value_parser = fraction)]
     load_failure: f64,
-    /// Write an SVG plot of the time-to-answer CDF (per request, arrival to answer).
-    #[arg(long)]
+    /// Plot time to answer (arrival to answer, per request) overall and per
+    /// tier, as PATH.svg and PATH.png (default target/scheduler_sim/time_to_answer).
+    #[arg(long, value_name = "PATH", num_args = 0..=1,
+          default_missing_value = "target/scheduler_sim/time_to_answer")]
     plot: Option<PathBuf>,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 7)]
@@ -110,6 +123,45 @@ struct Cli {
     /// Print the summary as one JSON line.
     #[arg(long)]
     json: bool,
+}
+
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a whole number: {e}")),
+    }
+}
+
+/// A probability: a number from 0 to 1.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        Ok(_) => Err("must be a number from 0 to 1".to_owned()),
+        Err(e) => Err(format!("not a number: {e}")),
+    }
+}
+
+/// An error and its sources on one line, leaving out a source whose text
+/// the line already holds.
+fn one_line(err: &dyn std::error::Error) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = e.source();
+    }
+    line
+}
+
+/// `err` as a one-line cause naming `tier`.
+fn tier_failed(tier: &str, err: &dyn std::error::Error) -> Box<dyn std::error::Error> {
+    format!("{tier} tier: {}", one_line(err)).into()
 }
 
 struct Request {
@@ -161,7 +213,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(err) => {
-            eprintln!("scheduler_sim: {err}");
+            eprintln!("scheduler_sim: {}", one_line(err.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -207,12 +259,15 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         (None, None) => return Err("no disk directory".into()),
     };
     let capacity = cli.disk_capacity_mib.max(2) << 20;
-    let disk = Arc::new(DiskTier::open(DiskConfig {
-        capacity_bytes: capacity,
-        segment_bytes: (capacity / 8).max(64 << 10),
-        fsync: FsyncPolicy::Never,
-        ..DiskConfig::new(&disk_dir)
-    })?);
+    let disk = Arc::new(
+        DiskTier::open(DiskConfig {
+            capacity_bytes: capacity,
+            segment_bytes: (capacity / 8).max(64 << 10),
+            fsync: FsyncPolicy::Never,
+            ..DiskConfig::new(&disk_dir)
+        })
+        .map_err(|e| tier_failed("disk", &e))?,
+    );
 
     // The stack, fastest first.
     let mut stack = TierStack::default();
@@ -236,11 +291,16 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         ),
     ] {
         let Some(config) = config else { continue };
-        let tier = Arc::new(RedisTier::new(RedisConfig {
-            key_prefix: run_prefix.clone(),
-            ..config
-        })?);
-        rt.block_on(tier.ping())?;
+        let tier = Arc::new(
+            RedisTier::new(RedisConfig {
+                key_prefix: run_prefix.clone(),
+                tls_ca_cert: cli.redis_ca.clone(),
+                ..config
+            })
+            .map_err(|e| tier_failed(name, &e))?,
+        );
+        rt.block_on(tier.ping())
+            .map_err(|e| tier_failed(name, &e))?;
         stack.push(Box::new(tier.manager(ManagerConfig::named(name))?));
         tiers.push(SimTier {
             backend: Backend::Redis(tier),
@@ -248,12 +308,18 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         });
     }
     if let Some(bucket) = &cli.s3 {
-        let tier = Arc::new(rt.block_on(S3Tier::new(S3Config {
-            endpoint: cli.s3_endpoint.clone(),
-            force_path_style: cli.s3_endpoint.is_some(),
-            prefix: run_prefix.replace(':', "/"),
-            ..S3Config::new(bucket)
-        }))?);
+        let tier = Arc::new(
+            rt.block_on(S3Tier::new(S3Config {
+                endpoint: cli.s3_endpoint.clone(),
+                force_path_style: cli.s3_endpoint.is_some(),
+                prefix: run_prefix.replace(':', "/"),
+                ..S3Config::new(bucket)
+            }))
+            .map_err(|e| tier_failed("s3", &e))?,
+        );
+        // HeadBucket: the bucket, the endpoint and the credentials, now.
+        rt.block_on(tier.exists_many(&[key_from_id(0, 36)]))
+            .map_err(|e| tier_failed("s3", &e))?;
         stack.push(Box::new(tier.manager(ManagerConfig::named("s3"))?));
         tiers.push(SimTier {
             backend: Backend::S3(tier),
@@ -304,6 +370,10 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     let mut pending_stores = Vec::new();
     let (mut sched_us, mut wait_steps, mut answer_ms) = (Vec::new(), Vec::new(), Vec::new());
     let mut from = vec![0usize; tiers.len()];
+    // Time to answer by the deepest tier that served one of the request's
+    // blocks (the answer waited for that tier and every one before it);
+    // the last group holds requests with no block found anywhere.
+    let mut answer_ms_by_tier: Vec<Vec<f64>> = vec![Vec::new(); tiers.len() + 1];
     let (mut finished, mut blocks_asked, mut failed_loads, mut verdict_errors) =
         (0usize, 0usize, 0usize, 0usize);
     let started = Instant::now();
@@ -357,7 +427,10 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
                 from[t] += 1;
             }
             wait_steps.push((step - request.arrived_step) as f64);
-            answer_ms.push(request.arrived.elapsed().as_secs_f64() * 1e3);
+            let answered_ms = request.arrived.elapsed().as_secs_f64() * 1e3;
+            answer_ms.push(answered_ms);
+            let deepest = locations.iter().copied().max().unwrap_or(tiers.len());
+            answer_ms_by_tier[deepest].push(answered_ms);
             running.push(Running {
                 request,
                 done_step: step + cli.compute_steps,
@@ -419,15 +492,32 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     }
     progress.finish_and_clear();
     let wall = started.elapsed();
+    // Remote stores run in the background; the run's blocks are written
+    // before the summary, so a slow tier shows here, not as a silent pause.
+    let unfinished = pending_stores.iter().filter(|h| !h.is_finished()).count();
+    let store_bar = indicatif::ProgressBar::new(unfinished as u64);
+    if unfinished > 0 {
+        store_bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40}] {pos}/{len} background store batches to Redis / S3 still finishing",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+    }
     let failed_stores = rt.block_on(async {
         let mut failed = 0;
         for store in pending_stores {
+            let was_finished = store.is_finished();
             if !store.await.unwrap_or(false) {
                 failed += 1;
+            }
+            if !was_finished {
+                store_bar.inc(1);
             }
         }
         failed
     });
+    store_bar.finish_and_clear();
     let idle_deadline = Instant::now() + Duration::from_secs(5);
     while !stack.is_idle() && Instant::now() < idle_deadline {
         stack.drain_results();
@@ -438,15 +528,32 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     let disk_stats = disk.stats();
     stack.shutdown();
 
-    if let Some(path) = &cli.plot {
-        std::fs::write(
-            path,
-            cdf_svg(
-                "time to answer per request (ms, arrival to answer)",
-                &mut answer_ms.clone(),
-            ),
-        )?;
+    // "all requests", then one group per deepest serving tier.
+    let names = stack.tier_names();
+    let mut groups = vec![plot::Series {
+        name: "all requests".to_owned(),
+        samples_ms: answer_ms.clone(),
+    }];
+    for (i, samples) in answer_ms_by_tier.iter().enumerate() {
+        if samples.is_empty() {
+            continue;
+        }
+        groups.push(plot::Series {
+            name: match names.get(i) {
+                Some(name) => format!("deepest tier {name}"),
+                None => "no block found".to_owned(),
+            },
+            samples_ms: samples.clone(),
+        });
     }
+    let plotted = match &cli.plot {
+        Some(path) => Some(plot::write_cdf(
+            path,
+            "scheduler_sim: time to answer per request (arrival to answer)",
+            &groups,
+        )?),
+        None => None,
+    };
     let hit_rate = from.iter().sum::<usize>() as f64 / blocks_asked.max(1) as f64;
     let tier_json = |t: &ManagerStats, blocks: usize| {
         json!({
@@ -454,6 +561,16 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
             "errors": t.errors, "timeouts": t.timeouts, "forced_misses": t.forced_misses,
             "ttv_p50_us": t.time_to_verdict.p50_us, "ttv_p99_us": t.time_to_verdict.p99_us,
             "tier_call_p50_us": t.tier_call_latency.p50_us, "tier_call_p99_us": t.tier_call_latency.p99_us,
+            "first_error": t.first_error,
+        })
+    };
+    let group_json = |g: &plot::Series| {
+        let (p50, p90, p99) = plot::percentiles(&g.samples_ms);
+        json!({
+            "group": g.name, "requests": g.samples_ms.len(),
+            "p50_ms": (p50 * 100.0).round() / 100.0,
+            "p90_ms": (p90 * 100.0).round() / 100.0,
+            "p99_ms": (p99 * 100.0).round() / 100.0,
         })
     };
     let summary = json!({
@@ -474,6 +591,7 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
         "state_empty_after_cleanup": state_empty,
         "wall_s": (wall.as_secs_f64() * 100.0).round() / 100.0,
         "tiers": stats.iter().zip(&from).map(|(t, &n)| tier_json(t, n)).collect::<Vec<_>>(),
+        "answer_ms_by_deepest_tier": groups.iter().map(group_json).collect::<Vec<_>>(),
     });
     if cli.json {
         println!("{summary}");
@@ -528,8 +646,35 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
                 ),
             );
         }
-        if let Some(path) = &cli.plot {
-            println!("\nplot written to {}", path.display());
+        let with_errors: Vec<&ManagerStats> =
+            stats.iter().filter(|t| t.first_error.is_some()).collect();
+        if !with_errors.is_empty() {
+            println!("\nfirst error of each tier that had errors or timeouts:");
+            for t in with_errors {
+                println!(
+                    "  {}: {}",
+                    t.tier,
+                    t.first_error.as_deref().unwrap_or_default()
+                );
+            }
+        }
+        println!(
+            "\n{:<32} {:>8} {:>10} {:>10} {:>10}",
+            "time to answer (ms)", "requests", "p50", "p90", "p99"
+        );
+        for g in &groups {
+            let (p50, p90, p99) = plot::percentiles(&g.samples_ms);
+            println!(
+                "{:<32} {:>8} {:>10.2} {:>10.2} {:>10.2}",
+                g.name,
+                g.samples_ms.len(),
+                p50,
+                p90,
+                p99
+            );
+        }
+        if let Some((svg, png)) = &plotted {
+            println!("\nplot written to {} and {}", svg.display(), png.display());
         }
     }
     if failed_stores > 0 {
@@ -539,40 +684,4 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
     }
     // Failure means a wrong answer or leaked state, never a slow tier.
     Ok(verdict_errors == 0 && state_empty && finished == cli.requests)
-}
-
-/// An SVG of the empirical CDF of `samples`.
-fn cdf_svg(title: &str, samples: &mut [f64]) -> String {
-    samples.sort_by(f64::total_cmp);
-    let (w, h, pad) = (640.0, 400.0, 50.0);
-    let max = samples.last().copied().unwrap_or(1.0).max(1e-9);
-    let n = samples.len().max(1) as f64;
-    let mut points = String::new();
-    for (i, v) in samples.iter().enumerate() {
-        let x = pad + v / max * (w - 2.0 * pad);
-        let y = h - pad - (i + 1) as f64 / n * (h - 2.0 * pad);
-        points.push_str(&format!("{x:.1},{y:.1} "));
-    }
-    let mut ticks = String::new();
-    for k in 0..=4 {
-        let f = f64::from(k) / 4.0;
-        let x = pad + f * (w - 2.0 * pad);
-        let y = h - pad - f * (h - 2.0 * pad);
-        ticks.push_str(&format!(
-            r##"<text x="{x:.0}" y="{:.0}" font-size="11" text-anchor="middle">{:.1}</text><text x="{:.0}" y="{y:.0}" font-size="11" text-anchor="end">{f:.2}</text><line x1="{pad}" y1="{y:.0}" x2="{:.0}" y2="{y:.0}" stroke="#eee"/>"##,
-            h - pad + 16.0,
-            f * max,
-            pad - 6.0,
-            w - pad
-        ));
-    }
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}"><rect width="100%" height="100%" fill="white"/><text x="{:.0}" y="24" font-size="14" text-anchor="middle">{title} (n = {})</text>{ticks}<line x1="{pad}" y1="{:.0}" x2="{:.0}" y2="{:.0}" stroke="black"/><line x1="{pad}" y1="{pad}" x2="{pad}" y2="{:.0}" stroke="black"/><polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{points}"/></svg>"##,
-        w / 2.0,
-        samples.len(),
-        h - pad,
-        w - pad,
-        h - pad,
-        h - pad
-    )
 }
