@@ -30,8 +30,8 @@ cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requ
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 60 \
   --redis "$KVTIER_REDIS_URL" --redis-cluster "$KVTIER_REDIS_CLUSTER_URLS" \
   --s3 "$KVTIER_S3_BUCKET" --s3-endpoint "$KVTIER_S3_ENDPOINT" --plot target/scheduler_sim_ttv.svg --json
-cargo run --locked --quiet -p examples --bin minimal
-cargo run --locked --quiet -p examples --bin custom_tier
+cargo run --locked --quiet --example minimal
+cargo run --locked --quiet --example custom_tier
 cargo run --locked --quiet -p examples --bin kvbench -- all --quick
 
 echo "== all tests passed"

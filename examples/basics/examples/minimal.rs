@@ -1,7 +1,7 @@
 //! The shortest correct use of one manager: paste this into your scheduler.
 //!
 //! ```text
-//! cargo run -p examples --bin minimal
+//! cargo run --example minimal
 //! ```
 
 #![warn(clippy::unwrap_used)]

@@ -4,9 +4,13 @@
 //! synchronous one (an in-process index or a blocking client), wrapped in
 //! `Blocking` so it runs on the worker's blocking pool. Both go into one
 //! `TierStack`, which tells, per leading block, which tier to load from.
+//! At the end the async tier goes through `lookup_core::testkit`, the
+//! conformance suite every kvtier tier passes: put that call in a test of
+//! your own tier's crate (`lookup-core` with the `testkit` feature as a
+//! dev-dependency).
 //!
 //! ```text
-//! cargo run -p examples --bin custom_tier
+//! cargo run --example custom_tier
 //! ```
 
 #![warn(clippy::unwrap_used)]
@@ -15,6 +19,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use lookup_core::testkit::{self, TierFixture};
 use lookup_core::{
     AsyncLookupManager, Blocking, ManagerConfig, OffloadKey, ReqContext, StackVerdict, SyncTier,
     Tier, TierError, TierErrorKind, TierStack,
@@ -42,6 +47,39 @@ impl Tier for RemoteIndex {
             .read()
             .map_err(|_| TierError::new(TierErrorKind::Other, "remote index lock poisoned"))?;
         Ok(keys.iter().map(|k| keys_held.contains(k)).collect())
+    }
+}
+
+/// What the conformance suite needs: the tier, and a way to put keys in
+/// and take them out (your tier's own store and remove).
+struct RemoteFixture(Arc<RemoteIndex>);
+
+impl RemoteIndex {
+    fn write(&self) -> Result<std::sync::RwLockWriteGuard<'_, HashSet<OffloadKey>>, TierError> {
+        self.keys
+            .write()
+            .map_err(|_| TierError::new(TierErrorKind::Other, "remote index lock poisoned"))
+    }
+}
+
+impl TierFixture for RemoteFixture {
+    type Tier = RemoteIndex;
+
+    fn tier(&self) -> Arc<RemoteIndex> {
+        Arc::clone(&self.0)
+    }
+
+    async fn insert(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        self.0.write()?.extend(keys.iter().cloned());
+        Ok(())
+    }
+
+    async fn remove(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        let mut held = self.0.write()?;
+        for key in keys {
+            held.remove(key);
+        }
+        Ok(())
     }
 }
 
@@ -105,5 +143,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     stack.shutdown();
+
+    // The conformance suite: key order, duplicates, removals, large and
+    // concurrent batches, and the tier behind a real manager. It panics
+    // with the failed rule's name, as a test should.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?
+        .block_on(testkit::run_all(&RemoteFixture(remote)));
+    println!("remote: the conformance suite passed");
     Ok(())
 }
