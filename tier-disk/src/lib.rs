@@ -15,9 +15,17 @@
 //! - **Crash consistency.** A key is published in the index only after its
 //!   payload is written (and fsynced under [`FsyncPolicy::Always`]). A torn
 //!   slot fails its checksum and reads as absent. A torn record at the end
-//!   of a segment is ignored by a rebuild. A load checks the payload's
-//!   checksum. On a failure the key turns into a miss, its entry is
-//!   removed, and the failure is counted.
+//!   of a segment is ignored by a rebuild. A load checks the record. On a
+//!   failure (a damaged record, one past the end of its file, a missing
+//!   segment file) the key turns into a miss, its entry is removed, and the
+//!   failure is counted.
+//! - **Damage never serves older bytes.** A rebuild leaves a key whose
+//!   newest record is damaged absent, and drops every key it cannot order
+//!   against an unreadable record or a missing segment (logged and counted
+//!   in [`DiskStats`]).
+//! - **A full disk is an error.** The index's blocks are reserved before
+//!   they are mapped, so a full filesystem is [`DiskError::DiskFull`], not a
+//!   SIGBUS; a store that fails publishes nothing.
 //! - **Reopen.** After a clean [`close`](DiskTier::close), reopening reads
 //!   the header and lists the segment files; no key is visited. After an
 //!   unclean shutdown, open recounts the live slots in one pass over the
