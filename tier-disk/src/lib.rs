@@ -107,8 +107,8 @@ pub struct DiskStats {
     pub stores: u64,
     /// Loads that found their key.
     pub loads: u64,
-    /// Loads whose record failed a check (checksum, length, key): turned
-    /// into a miss and the entry removed.
+    /// Loads whose record failed a check (checksum, length, key), was
+    /// missing or could not be read: the entry is removed (a miss from then on).
     pub corrupt_loads: u64,
     /// Segments evicted for capacity.
     pub evicted_segments: u64,
@@ -531,7 +531,8 @@ impl DiskTier {
     ///
     /// # Errors
     /// [`DiskError::WrongKeySize`]; [`DiskError::Io`] when the segment
-    /// cannot be opened or read (the entry is kept: the error may pass).
+    /// cannot be opened or read. That failed load too removes the entry and
+    /// counts in `corrupt_loads`, so the key is not a hit again.
     pub fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, DiskError> {
         self.check_key(key)?;
         let live = self.live();
@@ -539,7 +540,14 @@ impl DiskTier {
             return Ok(None);
         };
         let path = self.dir.join(segment_name(location.segment));
-        let Some(file) = self.segment_reader(location.segment)? else {
+        let file = match self.segment_reader(location.segment) {
+            Ok(file) => file,
+            Err(err) => {
+                self.failed_load(key, &location, &path, &err.to_string());
+                return Err(err);
+            }
+        };
+        let Some(file) = file else {
             if !self.live().contains(location.segment) {
                 // Evicted between the lookup and now: a plain miss.
                 return Ok(None);
@@ -570,7 +578,11 @@ impl DiskTier {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err("record beyond the end of its segment".to_owned())
             }
-            Err(e) => return Err(DiskError::io("read segment", &path, e)),
+            Err(e) => {
+                let err = DiskError::io("read segment", &path, e);
+                self.failed_load(key, &location, &path, &err.to_string());
+                return Err(err);
+            }
         };
         match checked {
             Ok(payload) => {

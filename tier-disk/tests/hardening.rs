@@ -252,3 +252,27 @@ fn a_segment_named_with_the_largest_id_is_a_typed_error() {
     let tier = DiskTier::open(small(dir.path())).unwrap();
     assert_eq!(tier.len(), 5);
 }
+
+// Item 4, "a failed load of any kind": a read error, too.
+#[test]
+fn a_load_that_cannot_read_its_segment_removes_the_entry_and_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    populate(dir.path(), 400);
+    let lost = keys_in_segment(dir.path(), 2, 400);
+    let tier = DiskTier::open(small(dir.path())).unwrap();
+    // A directory where the segment was: it opens, but reading it fails (EISDIR).
+    std::fs::remove_file(segment(dir.path(), 2)).unwrap();
+    std::fs::create_dir(segment(dir.path(), 2)).unwrap();
+    let k = key(lost[0]);
+    match tier.load(&k) {
+        Err(DiskError::Io { .. }) => {}
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    assert!(
+        !tier.contains_many(std::slice::from_ref(&k)).unwrap()[0],
+        "a failed load left a permanent hit"
+    );
+    assert_eq!(tier.stats().corrupt_loads, 1);
+    // The error is reported once; after it the key is a plain miss.
+    assert_eq!(tier.load(&k).unwrap(), None);
+}
