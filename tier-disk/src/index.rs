@@ -88,7 +88,7 @@ impl Index {
             .truncate(true)
             .open(path)
             .map_err(|e| DiskError::io("create index", path, e))?;
-        if let Err(err) = reserve(&file, size, path) {
+        if let Err(err) = reserve(&file, size, path, Unsupported::WriteZeros) {
             drop(file);
             let _ = std::fs::remove_file(path);
             return Err(err);
@@ -126,7 +126,7 @@ impl Index {
         if let Ok(h) = IndexHeader::parse(&head)
             && h.file_size() == Some(len)
         {
-            reserve(&file, len, path).map_err(OpenFailure::Fatal)?;
+            reserve(&file, len, path, Unsupported::Skip).map_err(OpenFailure::Fatal)?;
         }
         let map = map_file(&file, path).map_err(OpenFailure::Fatal)?;
         let header = match IndexHeader::parse(&map[..HEADER_SIZE]) {
@@ -460,7 +460,17 @@ fn map_file(file: &File, path: &Path) -> Result<MmapMut, DiskError> {
 
 /// Allocates every block of `file` up to `size` bytes (extending it), so
 /// that writes through a shared mapping never find an unallocated page.
-fn reserve(file: &File, size: u64, path: &Path) -> Result<(), DiskError> {
+/// What [`reserve`] does on a filesystem without `fallocate` (a C library
+/// that does not emulate it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unsupported {
+    /// Write the (new, empty) file out with zeros: same effect.
+    WriteZeros,
+    /// Leave an existing file as it is (it was written out when created).
+    Skip,
+}
+
+fn reserve(file: &File, size: u64, path: &Path, unsupported: Unsupported) -> Result<(), DiskError> {
     let len = libc::off_t::try_from(size).map_err(|_| DiskError::InvalidConfig {
         field: "initial_slots",
         reason: format!("an index of {size} bytes is too large for this platform"),
@@ -473,12 +483,28 @@ fn reserve(file: &File, size: u64, path: &Path) -> Result<(), DiskError> {
         libc::ENOSPC | libc::EDQUOT => Err(DiskError::DiskFull {
             path: path.to_owned(),
         }),
+        libc::EOPNOTSUPP | libc::EINVAL if unsupported == Unsupported::Skip => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => write_zeros(file, size, path),
         errno => Err(DiskError::io(
             "reserve index blocks",
             path,
             std::io::Error::from_raw_os_error(errno),
         )),
     }
+}
+
+/// Writes `size` zero bytes from the start of `file`.
+fn write_zeros(file: &File, size: u64, path: &Path) -> Result<(), DiskError> {
+    use std::os::unix::fs::FileExt;
+    let chunk = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let n = (size - at).min(chunk.len() as u64) as usize;
+        file.write_all_at(&chunk[..n], at)
+            .map_err(|e| DiskError::io("write out index", path, e))?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// fsyncs a directory so that created, renamed and deleted names are durable.
