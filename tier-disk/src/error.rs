@@ -102,6 +102,17 @@ pub enum DiskError {
         /// Key length configured.
         configured: usize,
     },
+    /// A segment file whose id is too large to append after (a crafted or
+    /// foreign file); the directory is left untouched.
+    #[error("segment {path} has id {id}, above the largest this tier uses ({max})")]
+    SegmentIdOutOfRange {
+        /// The segment file.
+        path: PathBuf,
+        /// Its id.
+        id: u64,
+        /// The largest id accepted.
+        max: u64,
+    },
     /// The device is full.
     #[error("disk full writing {path}")]
     DiskFull {
@@ -142,7 +153,9 @@ impl From<DiskError> for TierError {
             | DiskError::Locked { .. }
             | DiskError::IndexVersion { .. }
             | DiskError::KeyLenMismatch { .. } => TierErrorKind::Config,
-            DiskError::CorruptIndex { .. } => TierErrorKind::Corrupt,
+            DiskError::CorruptIndex { .. } | DiskError::SegmentIdOutOfRange { .. } => {
+                TierErrorKind::Corrupt
+            }
             DiskError::DiskFull { .. } | DiskError::Io { .. } => TierErrorKind::Unavailable,
         };
         TierError::new(kind, err.to_string()).with_source(err)

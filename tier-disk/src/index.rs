@@ -7,6 +7,7 @@
 //! full key, so the index never reports a key that was not stored.
 
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,9 @@ impl LiveSegments {
         self.oldest <= segment && segment <= self.newest
     }
 }
+
+/// The most slots an index may have (2^40: 80 TiB of slots for 36-byte keys).
+pub(crate) const MAX_SLOTS: u64 = 1 << 40;
 
 /// Why an existing index could not be opened.
 #[derive(Debug)]
@@ -53,8 +57,19 @@ pub(crate) struct Index {
 
 impl Index {
     /// Creates a new, empty index file at `path` (replacing any file there).
+    ///
+    /// Every block of the file is reserved before it is mapped: a full
+    /// filesystem is [`DiskError::DiskFull`] here (and the file is removed),
+    /// never a SIGBUS on a later slot write.
     pub(crate) fn create(path: &Path, key_len: usize, slots: u64) -> Result<Self, DiskError> {
-        let slot_count = slots.max(16).next_power_of_two();
+        let slot_count = slots
+            .max(16)
+            .checked_next_power_of_two()
+            .filter(|&n| n <= MAX_SLOTS)
+            .ok_or_else(|| DiskError::InvalidConfig {
+                field: "initial_slots",
+                reason: format!("an index of {slots} slots is more than 2^40"),
+            })?;
         let header = IndexHeader {
             key_len: key_len as u32,
             slot_count,
@@ -73,8 +88,11 @@ impl Index {
             .truncate(true)
             .open(path)
             .map_err(|e| DiskError::io("create index", path, e))?;
-        file.set_len(size)
-            .map_err(|e| DiskError::io("size index", path, e))?;
+        if let Err(err) = reserve(&file, size, path, Unsupported::WriteZeros) {
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            return Err(err);
+        }
         let mut map = map_file(&file, path)?;
         header.encode(&mut map[..HEADER_SIZE]);
         let counters = Counters::default();
@@ -98,6 +116,17 @@ impl Index {
                 need: HEADER_SIZE,
                 got: len as usize,
             }));
+        }
+        // Reserve every block before mapping (a sparse file, e.g. one written
+        // by an older build, would otherwise fault on a full filesystem).
+        // Only a file whose size matches its header is reserved.
+        let mut head = [0u8; HEADER_SIZE];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0)
+            .map_err(|e| fatal("read index header", e))?;
+        if let Ok(h) = IndexHeader::parse(&head)
+            && h.file_size() == Some(len)
+        {
+            reserve(&file, len, path, Unsupported::Skip).map_err(OpenFailure::Fatal)?;
         }
         let map = map_file(&file, path).map_err(OpenFailure::Fatal)?;
         let header = match IndexHeader::parse(&map[..HEADER_SIZE]) {
@@ -124,7 +153,19 @@ impl Index {
                 got: len as usize,
             }));
         }
-        let counters = Counters::parse(&map[..HEADER_SIZE]).map_err(OpenFailure::Corrupt)?;
+        let mut counters = Counters::parse(&map[..HEADER_SIZE]).map_err(OpenFailure::Corrupt)?;
+        // The counters carry no checksum: bound them, and recount (as after
+        // an unclean shutdown) when they cannot be right.
+        if counters.len > counters.used || counters.used > header.slot_count {
+            tracing::warn!(
+                path = %path.display(),
+                len = counters.len,
+                used = counters.used,
+                slots = header.slot_count,
+                "index counters out of range; recounting"
+            );
+            counters.clean = 0;
+        }
         Ok(Self::assemble(path, file, map, header, counters))
     }
 
@@ -235,10 +276,10 @@ impl Index {
         let range = self.slot_range(idx);
         format::encode_live_slot(&mut self.map[range], key, location);
         if was_empty {
-            self.counters.used += 1;
+            self.counters.used = self.counters.used.saturating_add(1);
         }
         if old.is_none() {
-            self.counters.len += 1;
+            self.counters.len = self.counters.len.saturating_add(1);
         }
         self.write_counters();
         (idx, old)
@@ -270,7 +311,13 @@ impl Index {
 
     /// Whether the table is too full (tombstones included) to probe well.
     pub(crate) fn needs_rehash(&self) -> bool {
-        self.counters.used * 10 > self.header.slot_count * 7
+        u128::from(self.counters.used) * 10 > u128::from(self.header.slot_count) * 7
+    }
+
+    /// Whether one more used slot would make [`needs_rehash`](Self::needs_rehash) true:
+    /// a store rehashes first, so that a failed rehash publishes nothing.
+    pub(crate) fn needs_rehash_before_insert(&self) -> bool {
+        u128::from(self.counters.used) * 10 + 10 > u128::from(self.header.slot_count) * 7
     }
 
     /// Every live key and its location.
@@ -293,7 +340,12 @@ impl Index {
     pub(crate) fn rehash(&self, tmp: &Path, live: LiveSegments) -> Result<Self, DiskError> {
         // Room for twice the live keys (a load factor of 25 to 50 % after
         // the rehash), never shrinking below 64 Ki slots.
-        let slots = (self.counters.len.max(1) * 2).max(self.header.slot_count.min(1 << 16));
+        let slots = self
+            .counters
+            .len
+            .max(1)
+            .saturating_mul(2)
+            .max(self.header.slot_count.min(1 << 16));
         let mut next = Self::create(tmp, self.key_len, slots)?;
         for (key, location) in self.live_entries(live) {
             next.insert(key, &location, live);
@@ -336,12 +388,18 @@ impl Index {
 
     /// Turns every slot of `segment` into a tombstone; returns how many.
     pub(crate) fn clear_segment(&mut self, segment: u64) -> u64 {
+        self.clear_where(|s| s == segment)
+    }
+
+    /// Turns every live slot whose segment satisfies `gone` into a
+    /// tombstone; returns how many. One pass over the slots.
+    pub(crate) fn clear_where(&mut self, gone: impl Fn(u64) -> bool) -> u64 {
         let mut cleared = 0;
         for idx in 0..self.header.slot_count {
             let range = self.slot_range(idx);
             if let Slot::Live { location, .. } =
                 format::parse_slot(&self.map[range.clone()], self.key_len)
-                && location.segment == segment
+                && gone(location.segment)
             {
                 format::encode_tombstone(&mut self.map[range]);
                 cleared += 1;
@@ -398,6 +456,55 @@ fn map_file(file: &File, path: &Path) -> Result<MmapMut, DiskError> {
     // other kvtier writers out; other programs must not write into a tier's
     // directory, which the crate documentation states.
     unsafe { MmapMut::map_mut(file) }.map_err(|e| DiskError::io("map index", path, e))
+}
+
+/// Allocates every block of `file` up to `size` bytes (extending it), so
+/// that writes through a shared mapping never find an unallocated page.
+/// What [`reserve`] does on a filesystem without `fallocate` (a C library
+/// that does not emulate it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unsupported {
+    /// Write the (new, empty) file out with zeros: same effect.
+    WriteZeros,
+    /// Leave an existing file as it is (it was written out when created).
+    Skip,
+}
+
+fn reserve(file: &File, size: u64, path: &Path, unsupported: Unsupported) -> Result<(), DiskError> {
+    let len = libc::off_t::try_from(size).map_err(|_| DiskError::InvalidConfig {
+        field: "initial_slots",
+        reason: format!("an index of {size} bytes is too large for this platform"),
+    })?;
+    // SAFETY: a valid, open descriptor (borrowed from `file` for the call).
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    match rc {
+        0 => Ok(()),
+        // posix_fallocate returns the error number (it does not set errno).
+        libc::ENOSPC | libc::EDQUOT => Err(DiskError::DiskFull {
+            path: path.to_owned(),
+        }),
+        libc::EOPNOTSUPP | libc::EINVAL if unsupported == Unsupported::Skip => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => write_zeros(file, size, path),
+        errno => Err(DiskError::io(
+            "reserve index blocks",
+            path,
+            std::io::Error::from_raw_os_error(errno),
+        )),
+    }
+}
+
+/// Writes `size` zero bytes from the start of `file`.
+fn write_zeros(file: &File, size: u64, path: &Path) -> Result<(), DiskError> {
+    use std::os::unix::fs::FileExt;
+    let chunk = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let n = (size - at).min(chunk.len() as u64) as usize;
+        file.write_all_at(&chunk[..n], at)
+            .map_err(|e| DiskError::io("write out index", path, e))?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// fsyncs a directory so that created, renamed and deleted names are durable.

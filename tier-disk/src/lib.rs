@@ -15,9 +15,17 @@
 //! - **Crash consistency.** A key is published in the index only after its
 //!   payload is written (and fsynced under [`FsyncPolicy::Always`]). A torn
 //!   slot fails its checksum and reads as absent. A torn record at the end
-//!   of a segment is ignored by a rebuild. A load checks the payload's
-//!   checksum. On a failure the key turns into a miss, its entry is
-//!   removed, and the failure is counted.
+//!   of a segment is ignored by a rebuild. A load checks the record. On a
+//!   failure (a damaged record, one past the end of its file, a missing
+//!   segment file) the key turns into a miss, its entry is removed, and the
+//!   failure is counted.
+//! - **Damage never serves older bytes.** A rebuild leaves a key whose
+//!   newest record is damaged absent, and drops every key it cannot order
+//!   against an unreadable record or a missing segment (logged and counted
+//!   in [`DiskStats`]).
+//! - **A full disk is an error.** The index's blocks are reserved before
+//!   they are mapped, so a full filesystem is [`DiskError::DiskFull`], not a
+//!   SIGBUS; a store that fails publishes nothing.
 //! - **Reopen.** After a clean [`close`](DiskTier::close), reopening reads
 //!   the header and lists the segment files; no key is visited. After an
 //!   unclean shutdown, open recounts the live slots in one pass over the
@@ -68,6 +76,9 @@ use index::{Index, LiveSegments, OpenFailure, sync_dir};
 const INDEX_FILE: &str = "index.kvx";
 const INDEX_TMP: &str = "index.kvx.tmp";
 const LOCK_FILE: &str = "LOCK";
+/// The largest segment id opened or created. Ids start at 1 and grow by one
+/// per segment, so only a crafted or foreign file comes near it.
+const MAX_SEGMENT_ID: u64 = 1 << 62;
 
 fn segment_name(id: u64) -> String {
     format!("seg-{id:016x}.kvs")
@@ -96,8 +107,8 @@ pub struct DiskStats {
     pub stores: u64,
     /// Loads that found their key.
     pub loads: u64,
-    /// Loads whose record failed a check (checksum, length, key): turned
-    /// into a miss and the entry removed.
+    /// Loads whose record failed a check (checksum, length, key), was
+    /// missing or could not be read: the entry is removed (a miss from then on).
     pub corrupt_loads: u64,
     /// Segments evicted for capacity.
     pub evicted_segments: u64,
@@ -109,6 +120,17 @@ pub struct DiskStats {
     pub rebuilt_index: bool,
     /// Whether this open found the index closed uncleanly and recounted it.
     pub recounted_index: bool,
+    /// Damage the rebuild at this open found: records whose payload fails
+    /// its checksum (their key is left absent), unreadable record headers
+    /// (the rest of that segment is discarded) and segments missing from
+    /// the middle of the sequence. 0 when the index was not rebuilt.
+    pub rebuild_damaged: u64,
+    /// Keys the rebuild at this open dropped because a damaged or missing
+    /// region after their record might have replaced or removed them.
+    pub rebuild_dropped_keys: u64,
+    /// Keys dropped at this open because their segment file is missing from
+    /// the middle of the sequence.
+    pub missing_segment_keys: u64,
 }
 
 #[derive(Debug, Default)]
@@ -147,6 +169,8 @@ pub struct DiskTier {
     counters: Counters,
     rebuilt_index: bool,
     recounted_index: bool,
+    rebuild: RebuildReport,
+    missing_segment_keys: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -186,6 +210,13 @@ impl DiskTier {
         }
 
         let mut segments = list_segments(&dir)?;
+        if let Some((&id, _)) = segments.range(MAX_SEGMENT_ID + 1..).next() {
+            return Err(DiskError::SegmentIdOutOfRange {
+                path: dir.join(segment_name(id)),
+                id,
+                max: MAX_SEGMENT_ID,
+            });
+        }
         let index_path = dir.join(INDEX_FILE);
         let _ = std::fs::remove_file(dir.join(INDEX_TMP));
         let next_id = segments.keys().next_back().map_or(1, |id| id + 1);
@@ -201,7 +232,7 @@ impl DiskTier {
                     tracing::warn!(path = %index_path.display(), "index was not closed cleanly; recounting its slots");
                     index.recount(live);
                 }
-                (index, false, recount)
+                (index, None, recount)
             }
             Err(OpenFailure::Fatal(DiskError::Io { source, .. }))
                 if source.kind() == std::io::ErrorKind::NotFound =>
@@ -209,12 +240,13 @@ impl DiskTier {
                 if segments.is_empty() {
                     (
                         Index::create(&index_path, config.key_len, config.initial_slots)?,
-                        false,
+                        None,
                         false,
                     )
                 } else if config.rebuild_corrupt_index {
                     tracing::warn!(path = %index_path.display(), "index missing; rebuilding it from the segments");
-                    (rebuild(&dir, &config, &segments, live)?, true, false)
+                    let (index, report) = rebuild(&dir, &config, &segments, live)?;
+                    (index, Some(report), false)
                 } else {
                     return Err(DiskError::CorruptIndex {
                         path: index_path,
@@ -234,9 +266,24 @@ impl DiskTier {
                     });
                 }
                 tracing::warn!(path = %index_path.display(), %reason, "index corrupt; rebuilding it from the segments");
-                (rebuild(&dir, &config, &segments, live)?, true, false)
+                let (index, report) = rebuild(&dir, &config, &segments, live)?;
+                (index, Some(report), false)
             }
         };
+
+        // A segment missing from the middle (deleted by someone): its keys
+        // would be hits whose loads fail. Drop them now, in one pass.
+        let mut missing_segment_keys = 0;
+        if (segments.len() as u64) < next_id - live.oldest {
+            missing_segment_keys = index.clear_where(|seg| {
+                seg >= live.oldest && seg < next_id && !segments.contains_key(&seg)
+            });
+            tracing::warn!(
+                path = %dir.display(),
+                keys = missing_segment_keys,
+                "segment files missing from the middle of the sequence; their keys are dropped"
+            );
+        }
 
         // Always append to a fresh segment: the tail of the last one may be torn.
         let (active, active_path) = create_segment(&dir, next_id)?;
@@ -259,8 +306,10 @@ impl DiskTier {
             newest: AtomicU64::new(next_id),
             readers: Mutex::new(HashMap::new()),
             counters: Counters::default(),
-            rebuilt_index: rebuilt,
+            rebuilt_index: rebuilt.is_some(),
             recounted_index: recounted,
+            rebuild: rebuilt.unwrap_or_default(),
+            missing_segment_keys,
             config,
         };
         tracing::debug!(path = %active_path.display(), keys = tier.len(), "disk tier open");
@@ -272,8 +321,8 @@ impl DiskTier {
         &self.config
     }
 
-    /// Starts an [`AsyncLookupManager`] over this tier, named after its directory
-    /// unless `config` names it.
+    /// Starts an [`AsyncLookupManager`] over this tier, named `disk` unless
+    /// `config` names it.
     ///
     /// # Errors
     /// As [`AsyncLookupManager::new`].
@@ -354,18 +403,21 @@ impl DiskTier {
         let live = self.live();
         let slot = {
             let mut index = self.write_index();
-            let (slot, _) = index.insert(key.as_bytes(), &location, live);
-            if index.needs_rehash() {
+            // Grow first: a rehash that fails (a full disk) leaves the key
+            // unpublished, as the error says.
+            if index.needs_rehash_before_insert() {
                 self.rehash(&mut index, live)?;
-                None
-            } else {
-                Some(slot)
             }
+            index.insert(key.as_bytes(), &location, live).0
         };
-        if self.config.fsync == FsyncPolicy::Always
-            && let Some(slot) = slot
-        {
-            self.read_index().flush_slot(slot)?;
+        if self.config.fsync == FsyncPolicy::Always {
+            let flushed = self.read_index().flush_slot(slot);
+            if let Err(err) = flushed {
+                // Not durable as promised: unpublish it (a miss, never older bytes).
+                self.write_index()
+                    .remove_if_at(key.as_bytes(), &location, self.live());
+                return Err(err);
+            }
         }
         drop(writer);
         self.counters.stores.fetch_add(1, Ordering::Relaxed);
@@ -408,7 +460,15 @@ impl DiskTier {
             .active
             .sync_all()
             .map_err(|e| DiskError::io("sync segment", &old, e))?;
-        let id = writer.active_id + 1;
+        let id = writer
+            .active_id
+            .checked_add(1)
+            .filter(|&id| id <= MAX_SEGMENT_ID)
+            .ok_or_else(|| DiskError::SegmentIdOutOfRange {
+                path: old.clone(),
+                id: writer.active_id,
+                max: MAX_SEGMENT_ID,
+            })?;
         let (file, _) = create_segment(&self.dir, id)?;
         sync_dir(&self.dir)?;
         writer.active = file;
@@ -465,23 +525,43 @@ impl DiskTier {
     }
 
     /// Loads the payload of `key`, or `None` if it is not stored. A record
-    /// that fails its checks (checksum, length, key) is a miss: its entry is
-    /// removed and `corrupt_loads` counts it.
+    /// that fails its checks (checksum, length, key, kind), lies beyond the
+    /// end of its segment or whose segment file is missing is a miss: its
+    /// entry is removed and `corrupt_loads` counts it.
     ///
     /// # Errors
-    /// [`DiskError::WrongKeySize`]; [`DiskError::Io`] when the segment cannot be read.
+    /// [`DiskError::WrongKeySize`]; [`DiskError::Io`] when the segment
+    /// cannot be opened or read. That failed load too removes the entry and
+    /// counts in `corrupt_loads`, so the key is not a hit again.
     pub fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, DiskError> {
         self.check_key(key)?;
         let live = self.live();
         let Some((_, location)) = self.read_index().find(key.as_bytes(), live) else {
             return Ok(None);
         };
-        let Some(file) = self.segment_reader(location.segment)? else {
-            // Evicted between the lookup and now.
+        let path = self.dir.join(segment_name(location.segment));
+        let file = match self.segment_reader(location.segment) {
+            Ok(file) => file,
+            Err(err) => {
+                self.failed_load(key, &location, &path, &err.to_string());
+                return Err(err);
+            }
+        };
+        let Some(file) = file else {
+            if !self.live().contains(location.segment) {
+                // Evicted between the lookup and now: a plain miss.
+                return Ok(None);
+            }
+            self.failed_load(key, &location, &path, "segment file missing");
             return Ok(None);
         };
+        if location.record_len as usize
+            != format::record_size(self.config.key_len, location.payload_len as usize)
+        {
+            self.failed_load(key, &location, &path, "impossible record length");
+            return Ok(None);
+        }
         let mut buf = vec![0u8; location.record_len as usize];
-        let path = self.dir.join(segment_name(location.segment));
         let checked = match file.read_exact_at(&mut buf, location.offset) {
             Ok(()) => match format::parse_record(&buf) {
                 Ok((header, stored_key, payload))
@@ -498,7 +578,11 @@ impl DiskTier {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err("record beyond the end of its segment".to_owned())
             }
-            Err(e) => return Err(DiskError::io("read segment", &path, e)),
+            Err(e) => {
+                let err = DiskError::io("read segment", &path, e);
+                self.failed_load(key, &location, &path, &err.to_string());
+                return Err(err);
+            }
         };
         match checked {
             Ok(payload) => {
@@ -506,13 +590,25 @@ impl DiskTier {
                 Ok(Some(payload))
             }
             Err(reason) => {
-                tracing::warn!(segment = %path.display(), offset = location.offset, %reason, "corrupt record; removing its key");
-                self.counters.corrupt_loads.fetch_add(1, Ordering::Relaxed);
-                self.write_index()
-                    .remove_if_at(key.as_bytes(), &location, self.live());
+                self.failed_load(key, &location, &path, &reason);
                 Ok(None)
             }
         }
+    }
+
+    /// A load that found no valid record: the key turns into a miss, its
+    /// entry is removed (unless a newer store replaced it) and it is counted.
+    fn failed_load(
+        &self,
+        key: &OffloadKey,
+        location: &format::Location,
+        path: &Path,
+        reason: &str,
+    ) {
+        tracing::warn!(segment = %path.display(), offset = location.offset, %reason, "corrupt record; removing its key");
+        self.counters.corrupt_loads.fetch_add(1, Ordering::Relaxed);
+        self.write_index()
+            .remove_if_at(key.as_bytes(), location, self.live());
     }
 
     fn segment_reader(&self, id: u64) -> Result<Option<Arc<File>>, DiskError> {
@@ -617,6 +713,9 @@ impl DiskTier {
             rehashes: c.rehashes.load(Ordering::Relaxed),
             rebuilt_index: self.rebuilt_index,
             recounted_index: self.recounted_index,
+            rebuild_damaged: self.rebuild.damaged,
+            rebuild_dropped_keys: self.rebuild.dropped_keys,
+            missing_segment_keys: self.missing_segment_keys,
         }
     }
 
@@ -677,28 +776,83 @@ fn list_segments(dir: &Path) -> Result<BTreeMap<u64, u64>, DiskError> {
     Ok(segments)
 }
 
+/// What a rebuild found damaged, and what it dropped because of it.
+#[derive(Debug, Default, Clone, Copy)]
+struct RebuildReport {
+    damaged: u64,
+    dropped_keys: u64,
+}
+
 /// Builds a new index from the records of every segment, oldest first: a
-/// later record of a key wins, a remove record removes it, and a segment's
-/// scan stops at its first unreadable record (a torn tail).
+/// later record of a key wins and a remove record removes it.
+///
+/// Damage never makes a key load bytes that a later store replaced or a
+/// removal removed:
+/// - A record whose header (and so its key and extent) is intact but whose
+///   payload fails its checksum is the key's newest record, unreadable: the
+///   key is left absent, and the scan goes on after the record.
+/// - A segment cut short (fewer bytes left than a record header and key, or
+///   a record running past the end of the file) ends there: that is the
+///   torn tail of a crash, a record that was never acknowledged.
+/// - An unreadable record header anywhere else leaves the rest of that
+///   segment unordered: it may have replaced or removed any key indexed so
+///   far. The rest of the segment is discarded and so is every key indexed
+///   so far; later segments (all newer) are kept. A segment missing from the
+///   middle of the sequence is handled the same way. Each is logged and
+///   counted in the report.
 fn rebuild(
     dir: &Path,
     config: &DiskConfig,
     segments: &BTreeMap<u64, u64>,
     live: LiveSegments,
-) -> Result<Index, DiskError> {
+) -> Result<(Index, RebuildReport), DiskError> {
     let tmp = dir.join(INDEX_TMP);
     let mut index = Index::create(&tmp, config.key_len, config.initial_slots)?;
+    let mut report = RebuildReport::default();
+    let mut previous: Option<u64> = None;
     for &id in segments.keys() {
         let path = dir.join(segment_name(id));
+        if previous.is_some_and(|p| p + 1 != id) {
+            let dropped = index.len();
+            tracing::warn!(
+                segment = %path.display(),
+                keys = dropped,
+                "segments missing before this one; every key of older segments is dropped"
+            );
+            report.damaged += 1;
+            report.dropped_keys += dropped;
+            drop(index);
+            index = Index::create(&tmp, config.key_len, config.initial_slots)?;
+        }
+        previous = Some(id);
         let bytes = std::fs::read(&path).map_err(|e| DiskError::io("read segment", &path, e))?;
         let mut offset = 0usize;
         while offset < bytes.len() {
-            let Ok((header, key)) = format::parse_record_header(&bytes[offset..]) else {
-                break;
+            let rest = &bytes[offset..];
+            let (header, key) = match format::parse_record_header(rest) {
+                Ok(parsed) => parsed,
+                // A torn tail.
+                Err(_) if rest.len() < format::RECORD_HEADER_SIZE + config.key_len => break,
+                Err(reason) => {
+                    let dropped = index.len();
+                    tracing::warn!(
+                        segment = %path.display(),
+                        offset,
+                        %reason,
+                        discarded_bytes = rest.len(),
+                        keys = dropped,
+                        "unreadable record: the rest of its segment is discarded, and every key indexed before it (the record may have replaced or removed any of them)"
+                    );
+                    report.damaged += 1;
+                    report.dropped_keys += dropped;
+                    drop(index);
+                    index = Index::create(&tmp, config.key_len, config.initial_slots)?;
+                    break;
+                }
             };
             let len = header.record_len();
-            let Some(record) = bytes.get(offset..offset + len) else {
-                break;
+            let Some(record) = rest.get(..len) else {
+                break; // a torn tail: the record runs past the end of the file
             };
             if key.len() == config.key_len {
                 match format::parse_record(record) {
@@ -715,7 +869,16 @@ fn rebuild(
                     Ok(_) => {
                         index.remove(key, live);
                     }
-                    Err(_) => {} // a bad payload: skip the record, keep scanning
+                    Err(reason) => {
+                        tracing::warn!(
+                            segment = %path.display(),
+                            offset,
+                            %reason,
+                            "damaged record payload: its key is left absent"
+                        );
+                        report.damaged += 1;
+                        index.remove(key, live);
+                    }
                 }
             }
             if index.needs_rehash() {
@@ -726,5 +889,5 @@ fn rebuild(
         }
     }
     index.finish_replace(&dir.join(INDEX_FILE))?;
-    Ok(index)
+    Ok((index, report))
 }
