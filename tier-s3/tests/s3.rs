@@ -596,3 +596,34 @@ async fn a_bucket_deleted_while_running_is_a_configuration_error_not_a_miss() {
     let stats = manager.stats();
     assert_eq!((stats.errors, stats.misses), (1, 0), "{stats:?}");
 }
+
+#[test]
+fn the_manager_counts_a_refused_connection_as_an_error_not_a_timeout() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The defaults a program gets: 3 attempts, a 1 s call deadline.
+    let tier = Arc::new(
+        rt.block_on(S3Tier::new(S3Config {
+            max_attempts: 3,
+            request_timeout_ms: 2000,
+            connect_timeout_ms: 1000,
+            ..unreachable("b")
+        }))
+        .unwrap(),
+    );
+    let mut manager = tier
+        .manager(lookup_core::ManagerConfig {
+            failure_backoff_ms: 60_000,
+            ..lookup_core::ManagerConfig::default()
+        })
+        .unwrap();
+    let ctx = ReqContext::new("r");
+    let key = &unique_keys(1, 36)[0];
+    let start = Instant::now();
+    while manager.lookup(key, &ctx).unwrap() == lookup_core::LookupVerdict::Pending {
+        assert!(start.elapsed() < Duration::from_secs(10), "no verdict");
+        manager.flush();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = manager.stats();
+    assert_eq!((stats.errors, stats.timeouts), (1, 0), "{stats:?}");
+}
