@@ -75,6 +75,17 @@ impl Default for ManagerConfig {
 }
 
 impl ManagerConfig {
+    /// Largest `max_calls_in_flight`: the most permits a tokio semaphore holds.
+    pub const MAX_CALLS_IN_FLIGHT: usize = tokio::sync::Semaphore::MAX_PERMITS;
+
+    /// Largest `worker_threads`: each is an OS thread started with the manager.
+    pub const MAX_WORKER_THREADS: usize = 1024;
+
+    /// Largest value of a `*_ms` field: 100 years. A deadline is the present
+    /// instant plus the duration, and an `Instant` holds 64-bit nanoseconds
+    /// on some platforms (584 years), so a longer one could overflow it.
+    pub const MAX_DURATION_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
     /// The default configuration with another tier name.
     pub fn named(tier_name: impl Into<String>) -> Self {
         Self {
@@ -108,7 +119,12 @@ impl ManagerConfig {
         Duration::from_millis(self.shutdown_timeout_ms)
     }
 
-    /// Checks every field's range.
+    /// Checks every field's range: rejects every value the manager cannot
+    /// run with (zero limits, an empty name or one with a NUL, limits above
+    /// [`MAX_CALLS_IN_FLIGHT`](Self::MAX_CALLS_IN_FLIGHT) and
+    /// [`MAX_WORKER_THREADS`](Self::MAX_WORKER_THREADS), durations above
+    /// [`MAX_DURATION_MS`](Self::MAX_DURATION_MS)). Other limits size
+    /// nothing up front, so any positive value runs.
     ///
     /// # Errors
     /// [`ManagerError::InvalidConfig`] naming the first field out of range.
@@ -130,11 +146,43 @@ impl ManagerConfig {
                 });
             }
         }
+        let bad = |field, reason: String| Err(ManagerError::InvalidConfig { field, reason });
         if self.tier_name.is_empty() {
-            return Err(ManagerError::InvalidConfig {
-                field: "tier_name",
-                reason: "must not be empty".to_owned(),
-            });
+            return bad("tier_name", "must not be empty".to_owned());
+        }
+        // The name is part of the worker's thread names, which the OS takes
+        // as C strings.
+        if self.tier_name.contains('\0') {
+            return bad("tier_name", "must not contain a NUL character".to_owned());
+        }
+        // The worker's call slots are a tokio semaphore of this many permits.
+        if self.max_calls_in_flight > Self::MAX_CALLS_IN_FLIGHT {
+            return bad(
+                "max_calls_in_flight",
+                format!("must be at most {}", Self::MAX_CALLS_IN_FLIGHT),
+            );
+        }
+        if self.worker_threads > Self::MAX_WORKER_THREADS {
+            return bad(
+                "worker_threads",
+                format!("must be at most {}", Self::MAX_WORKER_THREADS),
+            );
+        }
+        // Deadlines and retry times are the present instant plus these.
+        for (field, value) in [
+            ("call_timeout_ms", self.call_timeout_ms),
+            ("failure_backoff_ms", self.failure_backoff_ms),
+            ("shutdown_timeout_ms", self.shutdown_timeout_ms),
+        ] {
+            if value > Self::MAX_DURATION_MS {
+                return bad(
+                    field,
+                    format!(
+                        "must be at most {} (100 years), not {value}",
+                        Self::MAX_DURATION_MS
+                    ),
+                );
+            }
         }
         Ok(())
     }

@@ -56,7 +56,8 @@
 //!
 //! # Crate features
 //!
-//! - `testkit`: [`testkit`], the conformance suite every tier crate runs.
+//! - `testkit`: adds the `testkit` module, the conformance suite every tier
+//!   crate runs.
 
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]

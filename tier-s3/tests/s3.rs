@@ -291,3 +291,339 @@ async fn bad_configuration_is_a_typed_error() {
     );
     assert!(!debug.contains("s3cr3t"));
 }
+
+/// A config for a server that is never reached: these failures happen
+/// before (or instead of) a connection.
+fn unreachable(bucket: &str) -> S3Config {
+    S3Config {
+        endpoint: Some("http://127.0.0.1:1".into()),
+        force_path_style: true,
+        access_key_id: Some("a".into()),
+        secret_access_key: Some("b".into()),
+        connect_timeout_ms: 300,
+        request_timeout_ms: 500,
+        max_attempts: 1,
+        ..S3Config::new(bucket)
+    }
+}
+
+/// `config` is refused by `S3Tier::new` as invalid, naming `field`. If it is
+/// accepted, the first request shows what it would have done.
+async fn refused_at_construction(config: S3Config, field: &str) -> String {
+    match S3Tier::new(config).await {
+        Err(err @ S3TierError::InvalidConfig { .. }) => {
+            let S3TierError::InvalidConfig { field: f, .. } = &err else {
+                unreachable!()
+            };
+            assert_eq!(*f, field, "{err}");
+            assert_eq!(err.tier_kind(), TierErrorKind::Config);
+            err.to_string()
+        }
+        Err(other) => panic!("a bad {field}: {other:?}"),
+        Ok(tier) => {
+            let answer = tier.exists_many(&unique_keys(1, 36)).await;
+            panic!("a bad {field} was accepted; a lookup then gave {answer:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn control_characters_in_region_or_credentials_are_invalid_config() {
+    for bad in ["us-east-1\n", "us\0east"] {
+        refused_at_construction(
+            S3Config {
+                region: Some(bad.into()),
+                ..unreachable("b")
+            },
+            "region",
+        )
+        .await;
+    }
+    for bad in ["AKID\nX-Evil: 1", "AK\0ID"] {
+        refused_at_construction(
+            S3Config {
+                access_key_id: Some(bad.into()),
+                ..unreachable("b")
+            },
+            "access_key_id",
+        )
+        .await;
+    }
+    refused_at_construction(
+        S3Config {
+            session_token: Some("tok\r\nen".into()),
+            ..unreachable("b")
+        },
+        "session_token",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn timeouts_and_limits_that_overflow_are_invalid_config() {
+    refused_at_construction(
+        S3Config {
+            request_timeout_ms: u64::MAX,
+            max_attempts: 2,
+            ..unreachable("b")
+        },
+        "request_timeout_ms",
+    )
+    .await;
+    refused_at_construction(
+        S3Config {
+            max_concurrent_requests: 1 << 62,
+            ..unreachable("b")
+        },
+        "max_concurrent_requests",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_endpoint_that_is_not_a_url_is_invalid_config() {
+    for bad in [
+        "not a url",
+        "127.0.0.1:9000",
+        "ftp://127.0.0.1:9000",
+        "http://",
+        "http://exa mple.com",
+        "http://127.0.0.1:9000/?x=1",
+    ] {
+        let message = refused_at_construction(
+            S3Config {
+                endpoint: Some(bad.into()),
+                ..unreachable("b")
+            },
+            "endpoint",
+        )
+        .await;
+        assert!(message.contains("bad endpoint"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn the_password_of_an_endpoint_url_is_never_shown() {
+    let config = S3Config {
+        endpoint: Some("http://kvtier:hunter2@127.0.0.1:1".into()),
+        ..unreachable("b")
+    };
+    assert!(!format!("{config:?}").contains("hunter2"), "{config:?}");
+    let tier = S3Tier::new(config).await.unwrap();
+    let err = tier.exists_many(&unique_keys(1, 36)).await.unwrap_err();
+    let shown = format!("{tier:?} {err} {err:?}");
+    let shown = format!("{shown} {}", TierError::from(err));
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("kvtier:***@127.0.0.1:1"), "{shown}");
+    // Not even when the endpoint is refused.
+    let message = refused_at_construction(
+        S3Config {
+            endpoint: Some("ftp://kvtier:hunter2@127.0.0.1:1".into()),
+            ..unreachable("b")
+        },
+        "endpoint",
+    )
+    .await;
+    assert!(!message.contains("hunter2"), "{message}");
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_unavailable_connection_refused() {
+    let tier = S3Tier::new(S3Config {
+        max_attempts: 3,
+        ..unreachable("b")
+    })
+    .await
+    .unwrap();
+    let start = Instant::now();
+    let err = tier.exists_many(&unique_keys(1, 36)).await.unwrap_err();
+    match &err {
+        S3TierError::Unavailable { detail, .. } => {
+            assert!(detail.contains("connection refused"), "{err}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn no_credentials_is_a_configuration_error_that_says_so() {
+    // credentials_from_aws_chain: false is the explicit "only this config"
+    // path: the test does not depend on (or change) the process environment.
+    let tier = S3Tier::new(S3Config {
+        access_key_id: None,
+        secret_access_key: None,
+        credentials_from_aws_chain: false,
+        ..unreachable("b")
+    })
+    .await
+    .unwrap();
+    for err in [
+        tier.check().await.unwrap_err(),
+        tier.exists_many(&unique_keys(1, 36)).await.unwrap_err(),
+    ] {
+        match &err {
+            S3TierError::Configuration { reason, .. } => {
+                assert!(reason.contains("no credentials found"), "{err}");
+                assert!(reason.contains("AWS_ACCESS_KEY_ID"), "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!err.to_string().contains("HTTP 0"), "{err}");
+        assert_eq!(err.tier_kind(), TierErrorKind::Config);
+    }
+}
+
+#[tokio::test]
+async fn check_fails_fast_with_the_typed_error() {
+    let refused = S3Tier::new(unreachable("b")).await.unwrap();
+    let start = Instant::now();
+    assert!(
+        matches!(
+            refused.check().await,
+            Err(S3TierError::Unavailable { ref detail, .. }) if detail == "connection refused"
+        ),
+        "{:?}",
+        refused.check().await
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let Some(config) = config("check_fails_fast_with_the_typed_error") else {
+        return;
+    };
+    S3Tier::new(config.clone())
+        .await
+        .unwrap()
+        .check()
+        .await
+        .unwrap();
+    let missing = S3Tier::new(S3Config {
+        bucket: "kvtier-no-such-bucket".into(),
+        ..config
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            missing.check().await,
+            Err(S3TierError::Configuration { status: 404, .. })
+        ),
+        "{:?}",
+        missing.check().await
+    );
+}
+
+/// Deletes `bucket` (emptied first) with a client of the test's own.
+async fn delete_bucket(config: &S3Config) {
+    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_sdk_s3::config::Region::new("us-east-1"))
+        .load()
+        .await;
+    let client = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(&shared)
+            .endpoint_url(config.endpoint.clone().unwrap())
+            .force_path_style(true)
+            .build(),
+    );
+    let listed = client
+        .list_objects_v2()
+        .bucket(&config.bucket)
+        .send()
+        .await
+        .unwrap();
+    for object in listed.contents() {
+        client
+            .delete_object()
+            .bucket(&config.bucket)
+            .key(object.key().unwrap())
+            .send()
+            .await
+            .unwrap();
+    }
+    client
+        .delete_bucket()
+        .bucket(&config.bucket)
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_deleted_while_running_is_a_configuration_error_not_a_miss() {
+    let Some(config) = config("a_bucket_deleted_while_running_is_a_configuration_error_not_a_miss")
+    else {
+        return;
+    };
+    let config = S3Config {
+        bucket: format!("kvtier-gone-{}", &unique_keys(1, 16)[0].to_hex()[16..28]),
+        bucket_recheck_ms: 0,
+        ..config
+    };
+    let tier = Arc::new(S3Tier::new(config.clone()).await.unwrap());
+    tier.create_bucket_if_missing().await.unwrap();
+    let keys = unique_keys(2, 36);
+    tier.store(&keys[0], vec![1]).await.unwrap();
+    assert_eq!(tier.exists_many(&keys).await.unwrap(), [true, false]);
+
+    delete_bucket(&config).await;
+
+    let err = tier.exists_many(&keys).await.unwrap_err();
+    assert!(matches!(err, S3TierError::Configuration { .. }), "{err:?}");
+    assert!(
+        matches!(
+            tier.load(&keys[0]).await,
+            Err(S3TierError::Configuration { .. })
+        ),
+        "load of a deleted bucket"
+    );
+    // Through the manager: counted as errors, not misses.
+    let mut manager = tier
+        .manager(lookup_core::ManagerConfig {
+            failure_backoff_ms: 60_000,
+            ..lookup_core::ManagerConfig::named("s3-gone")
+        })
+        .unwrap();
+    let ctx = ReqContext::new("r");
+    let start = Instant::now();
+    while manager.lookup(&keys[1], &ctx).unwrap() == lookup_core::LookupVerdict::Pending {
+        assert!(start.elapsed() < Duration::from_secs(10), "no verdict");
+        manager.flush();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = manager.stats();
+    assert_eq!((stats.errors, stats.misses), (1, 0), "{stats:?}");
+}
+
+#[test]
+fn the_manager_counts_a_refused_connection_as_an_error_not_a_timeout() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The defaults a program gets: 3 attempts, a 1 s call deadline.
+    let tier = Arc::new(
+        rt.block_on(S3Tier::new(S3Config {
+            max_attempts: 3,
+            request_timeout_ms: 2000,
+            connect_timeout_ms: 1000,
+            ..unreachable("b")
+        }))
+        .unwrap(),
+    );
+    let mut manager = tier
+        .manager(lookup_core::ManagerConfig {
+            failure_backoff_ms: 60_000,
+            ..lookup_core::ManagerConfig::default()
+        })
+        .unwrap();
+    let ctx = ReqContext::new("r");
+    let key = &unique_keys(1, 36)[0];
+    let start = Instant::now();
+    while manager.lookup(key, &ctx).unwrap() == lookup_core::LookupVerdict::Pending {
+        assert!(start.elapsed() < Duration::from_secs(10), "no verdict");
+        manager.flush();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = manager.stats();
+    assert_eq!((stats.errors, stats.timeouts), (1, 0), "{stats:?}");
+}
