@@ -43,6 +43,8 @@ use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use tier_mock::{MockConfig, MockTier};
 use tier_redis::{RedisConfig, RedisTier};
 use tier_s3::{S3Config, S3Tier};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// Simulates a vLLM-like scheduler asking kvtier's secondary tiers (disk,
 /// then Redis / S3 if given, then a mock remote tier) for cached prefixes,
@@ -202,14 +204,24 @@ fn block_payload(key: &OffloadKey, len: usize) -> Vec<u8> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
-        )
-        .with_writer(std::io::stderr)
+    // Tiers log a misconfiguration once at ERROR. At start-up the failed
+    // check's one-line cause says the same, so logging starts after the
+    // checks (unless RUST_LOG asks for more).
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
+    let user_filter = from_env.is_some();
+    let (filter, reload) = tracing_subscriber::reload::Layer::new(
+        from_env.unwrap_or_else(|| tracing_subscriber::EnvFilter::new("off")),
+    );
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .init();
-    match run(&cli) {
+    let start_logging = move || {
+        if !user_filter {
+            let _ = reload.modify(|f| *f = tracing_subscriber::EnvFilter::new("error"));
+        }
+    };
+    match run(&cli, &start_logging) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(err) => {
@@ -244,7 +256,7 @@ fn prompts(cli: &Cli, rng: &mut Rng) -> Vec<Vec<OffloadKey>> {
 }
 
 #[allow(clippy::too_many_lines)]
-fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
+fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::Error>> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -318,7 +330,7 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
             .map_err(|e| tier_failed("s3", &e))?,
         );
         // HeadBucket: the bucket, the endpoint and the credentials, now.
-        rt.block_on(tier.exists_many(&[key_from_id(0, 36)]))
+        rt.block_on(tier.check())
             .map_err(|e| tier_failed("s3", &e))?;
         stack.push(Box::new(tier.manager(ManagerConfig::named("s3"))?));
         tiers.push(SimTier {
@@ -343,6 +355,9 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn std::error::Error>> {
             stored: HashSet::new(),
         });
     }
+
+    // Every tier passed its check: from here on, tier errors are logged.
+    start_logging();
 
     let mut rng = Rng::new(cli.seed);
     let mut incoming: VecDeque<Request> = prompts(cli, &mut rng)
