@@ -204,15 +204,15 @@ impl RedisTier {
                     root_cert: Some(root),
                 });
             }
-            let client = builder.build().map_err(|e| invalid("cluster_urls", &e))?;
+            let client = builder.build().map_err(|e| {
+                invalid(
+                    "cluster_urls",
+                    &format!("{e} (seeds {:?})", redacted_list(&config.cluster_urls)),
+                )
+            })?;
             let endpoint = format!(
                 "redis cluster [{}]",
-                config
-                    .cluster_urls
-                    .iter()
-                    .map(|u| config::redact(u))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                redacted_list(&config.cluster_urls).join(", ")
             );
             (
                 endpoint,
@@ -227,11 +227,10 @@ impl RedisTier {
                 },
             )
         } else {
-            let mut info = config
-                .url
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| invalid("url", &e))?;
+            let mut info =
+                config.url.as_str().into_connection_info().map_err(|e| {
+                    invalid("url", &format!("{:?}: {e}", config::redact(&config.url)))
+                })?;
             let mut redis_settings = info.redis_settings().clone();
             if let Some(user) = &config.username {
                 redis_settings = redis_settings.set_username(user);
@@ -250,7 +249,7 @@ impl RedisTier {
                 ),
                 None => Client::open(info),
             }
-            .map_err(|e| invalid("url", &e))?;
+            .map_err(|e| invalid("url", &format!("{:?}: {e}", config::redact(&config.url))))?;
             (
                 format!("redis {}", config::redact(&config.url)),
                 Backend::Single {
@@ -832,6 +831,11 @@ impl RedisTier {
         })
         .await
     }
+}
+
+/// Each URL with its credentials masked.
+fn redacted_list(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|u| config::redact(u)).collect()
 }
 
 /// The lean path's settings for `url`: plain TCP only, with the configured
