@@ -52,7 +52,8 @@ pub struct RedisConfig {
     /// of the tier's own, reading the integer replies directly, instead of
     /// through redis-rs (which builds and parses a value per command). Any
     /// error reply or connection trouble falls back to redis-rs, which
-    /// decides the outcome. TLS always uses redis-rs. Default true.
+    /// decides the outcome; a reply that breaks the protocol is an error on
+    /// both paths alike. TLS always uses redis-rs. Default true.
     pub lean_pipelines: bool,
 }
 
