@@ -39,9 +39,30 @@ fn assert_hidden(shown: &str, form: &str) {
     );
 }
 
+/// What `config`'s tier shows of itself and of its errors, with where it
+/// connects.
+async fn everything_shown(config: RedisConfig) -> (String, String) {
+    let mut shown = format!("{config:?}\n");
+    let tier = RedisTier::new(config).unwrap_or_else(|e| panic!("{e}"));
+    shown += &format!("{tier:?}\n{}\n", tier.endpoint());
+    let keys = unique_keys(2, 36);
+    let err = tier.exists_many(&keys).await.unwrap_err();
+    shown += &format!("{err}\n{err:?}\n");
+    let err = tier.store(&keys[0], b"v", None).await.unwrap_err();
+    shown += &format!("{err}\n{err:?}\n");
+    // What the lookup manager logs: the tier error's Display.
+    let tier_err = tier
+        .batch_lookup(&keys, &ReqContext::new("r"))
+        .await
+        .unwrap_err();
+    shown += &format!("{tier_err}\n{tier_err:?}\n");
+    (shown, tier.endpoint().to_owned())
+}
+
 #[tokio::test]
 async fn no_url_credential_shows_in_debug_errors_or_the_logged_endpoint() {
     let port = support::free_port();
+    let mut checks = tokio::task::JoinSet::new();
     for form in credential_forms(port) {
         let single = RedisConfig {
             connect_timeout_ms: 200,
@@ -56,29 +77,22 @@ async fn no_url_credential_shows_in_debug_errors_or_the_logged_endpoint() {
             });
         }
         for config in configs {
-            let mut shown = format!("{config:?}\n");
-            let tier = RedisTier::new(config).unwrap_or_else(|e| panic!("{form}: {e}"));
-            shown += &format!("{tier:?}\n{}\n", tier.endpoint());
-            // The endpoint still says where.
-            assert!(
-                tier.endpoint().contains("127.0.0.1") || tier.endpoint().contains(".sock"),
-                "{}",
-                tier.endpoint()
-            );
-            let keys = unique_keys(2, 36);
-            let err = tier.exists_many(&keys).await.unwrap_err();
-            shown += &format!("{err}\n{err:?}\n");
-            let err = tier.store(&keys[0], b"v", None).await.unwrap_err();
-            shown += &format!("{err}\n{err:?}\n");
-            // What the lookup manager logs: the tier error's Display.
-            let tier_err = tier
-                .batch_lookup(&keys, &ReqContext::new("r"))
-                .await
-                .unwrap_err();
-            shown += &format!("{tier_err}\n{tier_err:?}\n");
-            assert_hidden(&shown, &form);
+            let form = form.clone();
+            checks.spawn(async move { (form, everything_shown(config).await) });
         }
     }
+    let mut checked = 0;
+    while let Some(done) = checks.join_next().await {
+        let (form, (shown, endpoint)) = done.unwrap();
+        assert_hidden(&shown, &form);
+        // The endpoint still says where.
+        assert!(
+            endpoint.contains("127.0.0.1") || endpoint.contains(".sock"),
+            "{endpoint}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 18);
 }
 
 #[test]

@@ -173,6 +173,7 @@ async fn the_fake_server_answers_an_honest_exists_on_both_paths() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_exists_never_gives_are_errors_on_both_paths() {
+    let mut wrong = Vec::new();
     for answer in [
         Answer::Overflowing,
         Answer::Negative,
@@ -187,13 +188,16 @@ async fn replies_exists_never_gives_are_errors_on_both_paths() {
             let start = Instant::now();
             let got = tier.exists_many(&unique_keys(4, 36)).await;
             let took = start.elapsed();
-            assert!(got.is_err(), "{answer:?}, lean {lean}: {got:?}");
-            assert!(
-                took < Duration::from_millis(3 * 500),
-                "{answer:?}, lean {lean}: {took:?}"
-            );
+            if got.is_ok() || took >= Duration::from_millis(3 * 500) {
+                wrong.push(format!("{answer:?}, lean {lean}: {got:?} after {took:?}"));
+            }
         }
     }
+    assert!(
+        wrong.is_empty(),
+        "not an error in time:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
