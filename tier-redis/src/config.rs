@@ -245,6 +245,18 @@ pub(crate) fn check_url(field: &'static str, raw: &str) -> Result<(), RedisTierE
         Ok(url) => url,
         Err(e) => return bad(format!("not a URL ({e})")),
     };
+    let known = [
+        "redis",
+        "rediss",
+        "valkey",
+        "valkeys",
+        "redis+unix",
+        "valkey+unix",
+        "unix",
+    ];
+    if !known.contains(&url.scheme()) {
+        return bad(format!("scheme {:?} is not a Redis scheme", url.scheme()));
+    }
     let tls = matches!(url.scheme(), "rediss" | "valkeys");
     if tls && url.fragment() == Some("insecure") {
         return Err(RedisTierError::InvalidConfig {

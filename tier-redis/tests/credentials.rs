@@ -104,7 +104,7 @@ fn a_url_that_does_not_parse_is_named_masked_with_the_schemes_accepted() {
         ),
         (
             "http://127.0.0.1:6379/".to_owned(),
-            "http://127.0.0.1:6379/",
+            "scheme \"http\" is not a Redis scheme",
         ),
         (
             format!("redis://alice:{SECRET}@127.0.0.1:6379/notadb"),
