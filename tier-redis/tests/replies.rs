@@ -11,7 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// How the fake server answers EXISTS (every other command gets a plain
-/// answer: ECHO its argument, PING +PONG, TYPE +none, anything else +OK).
+/// answer: ECHO its argument, PING +PONG, TYPE +none, CLUSTER SLOTS a
+/// one-node cluster of itself, anything else +OK).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Answer {
     /// `:1` to every EXISTS: a well-behaved server.
@@ -51,7 +52,7 @@ impl FakeRedis {
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             while let Ok((conn, _)) = listener.accept().await {
-                conns.spawn(serve(conn, answer));
+                conns.spawn(serve(conn, answer, port));
             }
         });
         Self { port, task }
@@ -91,7 +92,7 @@ fn command(buf: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
     Some((args, at))
 }
 
-async fn serve(mut conn: TcpStream, answer: Answer) {
+async fn serve(mut conn: TcpStream, answer: Answer, port: u16) {
     let mut buf = Vec::new();
     let mut exists_seen = 0;
     let mut chunk = [0u8; 16 << 10];
@@ -136,6 +137,14 @@ async fn serve(mut conn: TcpStream, answer: Answer) {
                 }
                 b"PING" => out.extend_from_slice(b"+PONG\r\n"),
                 b"TYPE" => out.extend_from_slice(b"+none\r\n"),
+                // A one-node cluster: every slot is this server's.
+                b"CLUSTER" => out.extend_from_slice(
+                    format!(
+                        "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$40\r\n{}\r\n",
+                        "f".repeat(40)
+                    )
+                    .as_bytes(),
+                ),
                 _ => out.extend_from_slice(b"+OK\r\n"),
             }
         }
@@ -149,12 +158,24 @@ async fn serve(mut conn: TcpStream, answer: Answer) {
     }
 }
 
-fn tier(server: &FakeRedis, lean: bool, connect_ms: u64, response_ms: u64) -> RedisTier {
+/// A tier of the fake server: single node, or a cluster of it.
+fn tier(
+    server: &FakeRedis,
+    lean: bool,
+    cluster: bool,
+    connect_ms: u64,
+    response_ms: u64,
+) -> RedisTier {
+    let base = if cluster {
+        RedisConfig::cluster([server.url()])
+    } else {
+        RedisConfig::from_url(server.url())
+    };
     RedisTier::new(RedisConfig {
         lean_pipelines: lean,
         connect_timeout_ms: connect_ms,
         response_timeout_ms: response_ms,
-        ..RedisConfig::from_url(server.url())
+        ..base
     })
     .unwrap()
 }
@@ -162,10 +183,10 @@ fn tier(server: &FakeRedis, lean: bool, connect_ms: u64, response_ms: u64) -> Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fake_server_answers_an_honest_exists_on_both_paths() {
     let server = FakeRedis::start(Answer::Honest).await;
-    for lean in [true, false] {
-        let tier = tier(&server, lean, 200, 300);
+    for (lean, cluster) in [(true, false), (false, false), (true, true), (false, true)] {
+        let tier = tier(&server, lean, cluster, 200, 300);
         let found = tier.exists_many(&unique_keys(4, 36)).await.unwrap();
-        assert_eq!(found, [true; 4], "lean {lean}");
+        assert_eq!(found, [true; 4], "lean {lean}, cluster {cluster}");
         assert_eq!(tier.pipeline_stats().lean, u64::from(lean));
         assert_eq!(tier.pipeline_stats().fallbacks, 0);
     }
@@ -183,13 +204,15 @@ async fn replies_exists_never_gives_are_errors_on_both_paths() {
         Answer::Missing,
     ] {
         let server = FakeRedis::start(answer).await;
-        for lean in [true, false] {
-            let tier = tier(&server, lean, 200, 300);
+        for (lean, cluster) in [(true, false), (false, false), (true, true), (false, true)] {
+            let tier = tier(&server, lean, cluster, 200, 300);
             let start = Instant::now();
             let got = tier.exists_many(&unique_keys(4, 36)).await;
             let took = start.elapsed();
             if got.is_ok() || took >= Duration::from_millis(3 * 500) {
-                wrong.push(format!("{answer:?}, lean {lean}: {got:?} after {took:?}"));
+                wrong.push(format!(
+                    "{answer:?}, lean {lean}, cluster {cluster}: {got:?} after {took:?}"
+                ));
             }
         }
     }
@@ -206,7 +229,7 @@ async fn a_reply_line_that_never_ends_is_a_typed_error_within_the_response_timeo
     // The bound of a direct call: response timeout plus connect timeout.
     let bound = Duration::from_millis(1_000 + 500);
     for lean in [true, false] {
-        let tier = tier(&server, lean, 500, 1_000);
+        let tier = tier(&server, lean, false, 500, 1_000);
         let start = Instant::now();
         let err = tier.exists_many(&unique_keys(4, 36)).await.unwrap_err();
         let took = start.elapsed();
