@@ -11,8 +11,10 @@ use crate::error::RedisTierError;
 ///
 /// One `url` selects a single server; `cluster_urls` (seed nodes) select
 /// Redis Cluster. URLs follow redis-rs: `redis://[user:password@]host:port/db`,
-/// `rediss://` for TLS (`rediss://host:port/#insecure` skips certificate
-/// checks). `Debug` never shows a password.
+/// `rediss://` for TLS (the certificate is checked against the webpki roots,
+/// or against `tls_ca_cert` for a private CA; `#insecure` is refused),
+/// `redis+unix:///path/to/socket?db=0&user=u&pass=p` for a Unix socket.
+/// `Debug`, errors and logs never show a password.
 ///
 /// ```toml
 /// url = "redis://127.0.0.1:6379/0"
@@ -50,7 +52,8 @@ pub struct RedisConfig {
     /// of the tier's own, reading the integer replies directly, instead of
     /// through redis-rs (which builds and parses a value per command). Any
     /// error reply or connection trouble falls back to redis-rs, which
-    /// decides the outcome. TLS always uses redis-rs. Default true.
+    /// decides the outcome; a reply that breaks the protocol is an error on
+    /// both paths alike. TLS always uses redis-rs. Default true.
     pub lean_pipelines: bool,
 }
 
@@ -95,10 +98,13 @@ impl RedisConfig {
         !self.cluster_urls.is_empty()
     }
 
-    /// Checks the fields.
+    /// Checks the fields, and that every URL is one redis-rs can use.
     ///
     /// # Errors
-    /// [`RedisTierError::InvalidConfig`] naming the field.
+    /// [`RedisTierError::InvalidConfig`] naming the field; for a URL, the
+    /// URL (credentials masked), what is wrong and the schemes accepted. A
+    /// `rediss://…#insecure` URL is refused: trust a private CA with
+    /// `tls_ca_cert` instead.
     pub fn validate(&self) -> Result<(), RedisTierError> {
         let bad = |field, reason: &str| {
             Err(RedisTierError::InvalidConfig {
@@ -121,30 +127,163 @@ impl RedisConfig {
                 "must be at least 1",
             );
         }
+        if self.is_cluster() {
+            for url in &self.cluster_urls {
+                check_url("cluster_urls", url)?;
+            }
+        } else {
+            check_url("url", &self.url)?;
+        }
         Ok(())
     }
 }
 
-/// `url` with any password replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
+/// The URL schemes redis-rs accepts, for error messages.
+pub(crate) const ACCEPTED_SCHEMES: &str = "redis://, rediss:// (TLS), valkey://, valkeys:// (TLS), \
+     redis+unix://, valkey+unix://, unix://";
+
+/// Query parameters whose values are shown; every other value is masked.
+const SHOWN_QUERY_PARAMS: [&str; 2] = ["db", "protocol"];
+
+/// `url` as it may be shown in logs, errors and `Debug`: every credential
+/// redis-rs reads from a URL masked as `***`.
+///
+/// redis-rs 1.8 takes a password from the userinfo of `redis://`,
+/// `rediss://`, `valkey://` and `valkeys://` URLs (`user:pass@`, `:pass@`),
+/// and a user and password from the `user` and `pass` query parameters of
+/// `unix://`, `redis+unix://` and `valkey+unix://` URLs. So: the password of
+/// the userinfo is masked (a lone `name@` too: it is often a password put
+/// there by mistake), the value of every query parameter but `db` and
+/// `protocol`, and any fragment but `insecure`. A string that does not parse
+/// as a URL is masked more broadly: everything up to its last `@`, and
+/// everything after its first `?` or `#`.
+pub(crate) fn redact(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return redact_unparsed(raw);
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                "***".to_owned()
-            };
-            format!("{}{}@{}", &url[..scheme_end + 3], masked, &rest[at + 1..])
+    if url.cannot_be_a_base() {
+        return redact_unparsed(raw);
+    }
+    let masked_userinfo = if url.password().is_some() {
+        url.set_password(Some("***"))
+    } else if !url.username().is_empty() {
+        url.set_username("***")
+    } else {
+        Ok(())
+    };
+    if masked_userinfo.is_err() {
+        return redact_unparsed(raw);
+    }
+    if url.query().is_some() {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if SHOWN_QUERY_PARAMS.contains(&name.as_ref()) {
+                    value.into_owned()
+                } else {
+                    "***".to_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    if url.fragment().is_some_and(|f| f != "insecure") {
+        url.set_fragment(Some("***"));
+    }
+    url.into()
+}
+
+/// [`redact`] for a string that is not a URL: keeps the scheme and the
+/// host part after the last `@`, masks the rest that may hold a secret.
+fn redact_unparsed(raw: &str) -> String {
+    let (scheme, rest) = match raw.split_once(':') {
+        Some((scheme, rest))
+            if !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+        {
+            (format!("{scheme}:"), rest)
         }
-        None => url.to_owned(),
+        _ => (String::new(), raw),
+    };
+    let (head, tail) = match rest.find(['?', '#']) {
+        Some(at) => (&rest[..at], Some(&rest[at..at + 1])),
+        None => (rest, None),
+    };
+    let mut out = scheme;
+    match head.rfind('@') {
+        Some(at) => {
+            let slashes = &head[..head.len() - head.trim_start_matches('/').len()];
+            out.push_str(slashes);
+            out.push_str("***@");
+            out.push_str(&head[at + 1..]);
+        }
+        None => out.push_str(head),
+    }
+    if let Some(mark) = tail {
+        out.push_str(mark);
+        out.push_str("***");
+    }
+    out
+}
+
+/// Checks that `raw` is a URL redis-rs can use, with an error that names
+/// the URL (redacted), what is wrong, and the schemes accepted.
+pub(crate) fn check_url(field: &'static str, raw: &str) -> Result<(), RedisTierError> {
+    let bad = |what: String| {
+        Err(RedisTierError::InvalidConfig {
+            field,
+            reason: format!(
+                "{:?}: {what}; accepted URLs: {ACCEPTED_SCHEMES}",
+                redact(raw)
+            ),
+        })
+    };
+    let url = match url::Url::parse(raw) {
+        Ok(url) => url,
+        Err(e) => return bad(format!("not a URL ({e})")),
+    };
+    let known = [
+        "redis",
+        "rediss",
+        "valkey",
+        "valkeys",
+        "redis+unix",
+        "valkey+unix",
+        "unix",
+    ];
+    if !known.contains(&url.scheme()) {
+        return bad(format!("scheme {:?} is not a Redis scheme", url.scheme()));
+    }
+    let tls = matches!(url.scheme(), "rediss" | "valkeys");
+    if tls && url.fragment() == Some("insecure") {
+        return Err(RedisTierError::InvalidConfig {
+            field,
+            reason: format!(
+                "{:?}: `#insecure` (TLS without certificate checks) is not supported; \
+                 to trust a private CA, set tls_ca_cert to the PEM file of that CA",
+                redact(raw)
+            ),
+        });
+    }
+    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(raw) {
+        return bad(match e.detail() {
+            Some(detail) => format!("{} ({detail})", e_description(&e)),
+            None => e_description(&e),
+        });
+    }
+    Ok(())
+}
+
+/// The client's description of a URL error, without its kind's debug name.
+fn e_description(e: &redis::RedisError) -> String {
+    let shown = e.to_string();
+    // "Redis URL did not parse- InvalidClientConfig" and the like.
+    match shown.split_once("- ") {
+        Some((what, _)) => what.trim().to_owned(),
+        None => shown,
     }
 }
 
@@ -190,5 +329,40 @@ mod tests {
         };
         let debug = format!("{cfg:?}");
         assert!(!debug.contains("hunter"), "{debug}");
+    }
+
+    /// Each form redis-rs reads a credential from, and strings that are not
+    /// URLs at all.
+    #[test]
+    fn every_url_credential_form_is_masked() {
+        for (raw, shown) in [
+            ("redis://:pw@h:1", "redis://:***@h:1"),
+            (
+                "valkeys://u:p%40w@h:1/2#insecure",
+                "valkeys://u:***@h:1/2#insecure",
+            ),
+            (
+                "redis://u:pw@h/?protocol=resp3",
+                "redis://u:***@h/?protocol=resp3",
+            ),
+            (
+                "redis+unix:///run/r.sock?db=3&pass=pw&user=u",
+                "redis+unix:///run/r.sock?db=3&pass=***&user=***",
+            ),
+            ("unix:///run/r.sock?pass=pw", "unix:///run/r.sock?pass=***"),
+            (
+                "valkey+unix:///r.sock?password=pw",
+                "valkey+unix:///r.sock?password=***",
+            ),
+            ("redis://h:1/#pw", "redis://h:1/#***"),
+            // Not URLs: everything up to the last '@', and any query, goes.
+            ("redis://u:p/w@h:1/", "redis://***@h:1/"),
+            ("redis://u:pw@h:port?pass=pw", "redis://***@h:port?***"),
+            ("redis:u:pw@h", "redis:***@h"),
+            ("unix://u:pw@/r.sock", "unix://***@/r.sock"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact(raw), shown, "{raw}");
+        }
     }
 }

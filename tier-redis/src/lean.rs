@@ -7,14 +7,24 @@
 //! on a cluster, where the client's CPU is the bottleneck, that was most of
 //! the cost per key.
 //!
-//! Anything unusual is an error here and the caller asks redis-rs instead:
-//! an error reply (MOVED, ASK, NOAUTH, LOADING...), a broken or slow
-//! connection, a failed handshake. The connection is then dropped. So this
-//! path never decides an outcome redis-rs would decide differently; it only
+//! An error reply (MOVED, ASK, NOAUTH, LOADING...), a broken or slow
+//! connection or a failed handshake is an error here and the caller asks
+//! redis-rs instead; the connection is then dropped. A reply that breaks
+//! the protocol (an EXISTS answer other than `:0` or `:1`, a reply line
+//! without end, replies out of step) is an error on both paths: the caller
+//! checks redis-rs's answers with the same rule ([`exists_answer`], and an
+//! end marker after each pipeline, see `LeanPool::exists`). So this path
+//! never decides an outcome redis-rs would decide differently; it only
 //! makes the common case cheap. TLS connections always go through redis-rs.
+//!
+//! Reading is bounded: a reply line may be at most [`MAX_REPLY_LINE`] bytes
+//! long, each byte is scanned for a line end once, and the whole pipeline
+//! is bounded by the response timeout.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lookup_core::OffloadKey;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,15 +33,38 @@ use tokio::net::TcpStream;
 /// Idle connections kept per server.
 const MAX_IDLE: usize = 32;
 
-/// Why the lean path gave up (the caller then asks redis-rs).
+/// The longest reply line read, CRLF excluded. An integer reply takes at
+/// most 21 bytes, an error reply (`-MOVED <slot> <host>:<port>`, `-ERR ...`)
+/// a few hundred; a longer line is [`LeanError::LineTooLong`], so a server
+/// that never ends a line costs at most this much memory.
+pub(crate) const MAX_REPLY_LINE: usize = 4096;
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 16 << 10;
+
+/// Why the lean path gave up.
 #[derive(Debug)]
 pub(crate) enum LeanError {
     Io(std::io::Error),
     Timeout,
+    /// The connection closed before the last reply.
+    Closed(&'static str),
     /// An error reply (`-MOVED ...`, `-NOAUTH ...`), or a handshake refused.
     Server(String),
-    /// Bytes that are not the integer replies EXISTS gives.
+    /// Bytes that are not the replies EXISTS gives: the server broke the
+    /// protocol, which is an error whichever path reads it.
     Protocol(&'static str),
+    /// A reply line longer than [`MAX_REPLY_LINE`] bytes.
+    LineTooLong,
+}
+
+impl LeanError {
+    /// Whether the server broke the protocol (an error on the redis-rs path
+    /// too), rather than refused a command or lost the connection (which
+    /// redis-rs may handle: MOVED, a reconnect).
+    pub(crate) fn is_protocol_violation(&self) -> bool {
+        matches!(self, Self::Protocol(_) | Self::LineTooLong)
+    }
 }
 
 impl std::fmt::Display for LeanError {
@@ -39,9 +72,25 @@ impl std::fmt::Display for LeanError {
         match self {
             Self::Io(e) => write!(f, "i/o: {e}"),
             Self::Timeout => f.write_str("timed out"),
+            Self::Closed(when) => write!(f, "connection closed {when}"),
             Self::Server(line) => write!(f, "server replied {line}"),
             Self::Protocol(what) => write!(f, "protocol: {what}"),
+            Self::LineTooLong => write!(
+                f,
+                "protocol: a reply line longer than {MAX_REPLY_LINE} bytes"
+            ),
         }
+    }
+}
+
+/// The answer of one single-key EXISTS: `0` absent, `1` present; any other
+/// integer (negative, a count above one) is no answer EXISTS gives. Both
+/// paths read replies with this rule.
+pub(crate) fn exists_answer(n: i64) -> Option<bool> {
+    match n {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
     }
 }
 
@@ -92,29 +141,36 @@ impl LeanPool {
     }
 
     /// Whether each `prefix` + key exists, in order.
+    ///
+    /// The pipeline ends with an end marker, `TYPE <first name>` (same
+    /// slot, same ACL category as EXISTS), whose simple-string reply must
+    /// come right after the last EXISTS answer, and last: a missing or an
+    /// extra reply puts it out of place.
     pub(crate) async fn exists<'a>(
         &self,
         prefix: &[u8],
         keys: impl ExactSizeIterator<Item = &'a OffloadKey>,
     ) -> Result<Vec<bool>, LeanError> {
         let n = keys.len();
-        let mut out = Vec::with_capacity(n * (prefix.len() + 64));
+        let mut out = Vec::with_capacity((n + 1) * (prefix.len() + 64));
+        let mut first = None;
         for key in keys {
+            first.get_or_insert(key);
             encode_exists(&mut out, prefix, key.as_bytes());
         }
-        let idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let mut conn = match idle {
+        let Some(first) = first else {
+            return Ok(Vec::new());
+        };
+        encode_end_marker(&mut out, prefix, first.as_bytes());
+        let mut conn = match self.take_idle() {
             Some(conn) => conn,
             None => self.connect().await?,
         };
         let mut found = Vec::with_capacity(n);
-        let answered = tokio::time::timeout(self.endpoint.response_timeout, async {
+        let deadline = Instant::now() + self.endpoint.response_timeout;
+        let answered = tokio::time::timeout_at(deadline, async {
             conn.stream.write_all(&out).await?;
-            conn.read_replies(n, &mut found).await
+            conn.read_replies(n, &mut found, deadline).await
         })
         .await
         .map_err(|_| LeanError::Timeout)
@@ -136,6 +192,20 @@ impl LeanPool {
             idle.push(conn);
         }
         Ok(found)
+    }
+
+    /// An idle connection with nothing unread on it: one that the server
+    /// closed, or that holds bytes no command asked for, is dropped.
+    fn take_idle(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some(conn) = idle.pop() {
+            let mut probe = [0u8; 1];
+            match conn.stream.try_read(&mut probe) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(conn),
+                _ => {}
+            }
+        }
+        None
     }
 
     async fn connect(&self) -> Result<Conn, LeanError> {
@@ -165,9 +235,10 @@ impl LeanPool {
             expect += 1;
         }
         if expect > 0 {
-            tokio::time::timeout(e.response_timeout, async {
+            let deadline = Instant::now() + e.response_timeout;
+            tokio::time::timeout_at(deadline, async {
                 conn.stream.write_all(&hello).await?;
-                conn.read_ok(expect).await
+                conn.read_ok(expect, deadline).await
             })
             .await
             .map_err(|_| LeanError::Timeout)??;
@@ -177,18 +248,50 @@ impl LeanPool {
 }
 
 impl Conn {
-    /// Reads `n` integer replies into `found` (non-zero: exists).
-    async fn read_replies(&mut self, n: usize, found: &mut Vec<bool>) -> Result<(), LeanError> {
+    /// Reads `n` EXISTS answers into `found`, then the end marker's reply;
+    /// nothing may follow.
+    async fn read_replies(
+        &mut self,
+        n: usize,
+        found: &mut Vec<bool>,
+        deadline: Instant,
+    ) -> Result<(), LeanError> {
         self.read.clear();
         let mut at = 0;
         while found.len() < n {
             at += parse_integers(&self.read[at..], n - found.len(), found)?;
             if found.len() < n {
-                // Keep the unparsed tail, then read more after it.
+                // The tail holds no complete line: keep it, read until a
+                // line ends.
                 self.read.drain(..at);
                 at = 0;
-                if self.stream.read_buf(&mut self.read).await? == 0 {
-                    return Err(LeanError::Protocol("connection closed mid-reply"));
+                self.fill_line(deadline).await?;
+            }
+        }
+        // The marker's reply: a simple string (`+none`, `+string`...),
+        // and nothing after it.
+        loop {
+            match line(&self.read[at..])? {
+                Some((reply, used)) => {
+                    match reply.first() {
+                        Some(b'+') => {}
+                        Some(b'-') => {
+                            return Err(LeanError::Server(
+                                String::from_utf8_lossy(&reply[1..]).into_owned(),
+                            ));
+                        }
+                        Some(b':') => {
+                            return Err(LeanError::Protocol("more replies than commands"));
+                        }
+                        _ => return Err(LeanError::Protocol("not the end marker's reply")),
+                    }
+                    at += used;
+                    break;
+                }
+                None => {
+                    self.read.drain(..at);
+                    at = 0;
+                    self.fill_line(deadline).await?;
                 }
             }
         }
@@ -198,13 +301,46 @@ impl Conn {
         Ok(())
     }
 
+    /// Reads until `self.read` holds a line end: each byte read is scanned
+    /// once here, and a line longer than [`MAX_REPLY_LINE`] is an error.
+    async fn fill_line(&mut self, deadline: Instant) -> Result<(), LeanError> {
+        let mut scanned = 0;
+        loop {
+            if self.read[scanned..].contains(&b'\n') {
+                return Ok(());
+            }
+            scanned = self.read.len();
+            if scanned > MAX_REPLY_LINE + 1 {
+                return Err(LeanError::LineTooLong);
+            }
+            self.read_more(deadline, "mid-reply").await?;
+        }
+    }
+
+    /// One read of at most [`READ_CHUNK`] bytes, appended to `self.read`.
+    async fn read_more(&mut self, deadline: Instant, when: &'static str) -> Result<(), LeanError> {
+        // A server that keeps sending cannot keep this loop past its
+        // deadline, even if every read is ready at once.
+        if Instant::now() >= deadline {
+            return Err(LeanError::Timeout);
+        }
+        let len = self.read.len();
+        self.read.resize(len + READ_CHUNK, 0);
+        let got = self.stream.read(&mut self.read[len..]).await;
+        self.read.truncate(len + *got.as_ref().unwrap_or(&0));
+        if got? == 0 {
+            return Err(LeanError::Closed(when));
+        }
+        Ok(())
+    }
+
     /// Reads `n` `+OK` replies.
-    async fn read_ok(&mut self, n: usize) -> Result<(), LeanError> {
+    async fn read_ok(&mut self, n: usize, deadline: Instant) -> Result<(), LeanError> {
         self.read.clear();
         let mut seen = 0;
         let mut at = 0;
         while seen < n {
-            match line(&self.read[at..]) {
+            match line(&self.read[at..])? {
                 Some((b"+OK", used)) => {
                     seen += 1;
                     at += used;
@@ -215,9 +351,12 @@ impl Conn {
                     ));
                 }
                 None => {
-                    if self.stream.read_buf(&mut self.read).await? == 0 {
-                        return Err(LeanError::Protocol("connection closed in the handshake"));
-                    }
+                    self.read.drain(..at);
+                    at = 0;
+                    self.fill_line(deadline).await.map_err(|e| match e {
+                        LeanError::Closed(_) => LeanError::Closed("in the handshake"),
+                        e => e,
+                    })?;
                 }
             }
         }
@@ -249,6 +388,16 @@ fn encode_exists(out: &mut Vec<u8>, prefix: &[u8], key: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Appends the end marker of a pipeline: `TYPE <prefix><key>`.
+fn encode_end_marker(out: &mut Vec<u8>, prefix: &[u8], key: &[u8]) {
+    out.extend_from_slice(b"*2\r\n$4\r\nTYPE\r\n$");
+    push_decimal(out, prefix.len() + key.len());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(key);
+    out.extend_from_slice(b"\r\n");
+}
+
 fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
@@ -263,32 +412,45 @@ fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
     out.extend_from_slice(&digits[i..]);
 }
 
-/// The first line of `buf` without its CRLF, and the bytes it takes.
-fn line(buf: &[u8]) -> Option<(&[u8], usize)> {
-    let end = buf.windows(2).position(|w| w == b"\r\n")?;
-    Some((&buf[..end], end + 2))
+/// The first line of `buf` without its CRLF, and the bytes it takes;
+/// `None` if no line ends in `buf`. A line end without its CR (RESP lines
+/// end in CRLF, and no reply line holds a LF) is an error.
+fn line(buf: &[u8]) -> Result<Option<(&[u8], usize)>, LeanError> {
+    let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    match lf.checked_sub(1).map(|cr| (cr, buf[cr])) {
+        Some((cr, b'\r')) => Ok(Some((&buf[..cr], lf + 1))),
+        _ => Err(LeanError::Protocol("a line end without CR")),
+    }
 }
 
-/// Parses up to `want` complete integer replies (`:<n>\r\n`) from `buf` into
-/// `found`; returns the bytes consumed. An incomplete reply at the end is
-/// left for the next read; an error reply or anything else is an error.
+/// Parses up to `want` complete EXISTS answers (`:0\r\n`, `:1\r\n`) from `buf`
+/// into `found`; returns the bytes consumed. An incomplete reply at the end
+/// is left for the next read; an error reply, another integer or anything
+/// else is an error.
 fn parse_integers(buf: &[u8], want: usize, found: &mut Vec<bool>) -> Result<usize, LeanError> {
     let mut at = 0;
     let mut parsed = 0;
     while parsed < want {
-        let Some((reply, used)) = line(&buf[at..]) else {
+        let Some((reply, used)) = line(&buf[at..])? else {
             break;
         };
         match reply.split_first() {
+            Some((b':', b"0")) => found.push(false),
+            Some((b':', b"1")) => found.push(true),
             Some((b':', digits)) => {
-                let (negative, digits) = match digits.split_first() {
-                    Some((b'-', rest)) => (true, rest),
-                    _ => (false, digits),
-                };
-                if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-                    return Err(LeanError::Protocol("malformed integer reply"));
-                }
-                found.push(!negative && digits.iter().any(|&d| d != b'0'));
+                // Any other spelling, read as redis-rs reads it (an i64).
+                let n = std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| d.parse::<i64>().ok())
+                    .ok_or(LeanError::Protocol(
+                        "an integer reply that is not a 64-bit integer",
+                    ))?;
+                found.push(
+                    exists_answer(n)
+                        .ok_or(LeanError::Protocol("an EXISTS answer other than 0 or 1"))?,
+                );
             }
             Some((b'-', message)) => {
                 return Err(LeanError::Server(
@@ -325,10 +487,10 @@ mod tests {
     fn parses_integer_replies_and_rejects_the_rest() {
         let mut found = Vec::new();
         assert_eq!(
-            parse_integers(b":1\r\n:0\r\n:12\r\n:0", 5, &mut found).unwrap(),
-            13
+            parse_integers(b":1\r\n:0\r\n:01\r\n:-0\r\n:0", 6, &mut found).unwrap(),
+            18
         );
-        assert_eq!(found, [true, false, true]);
+        assert_eq!(found, [true, false, true, false]);
         let mut found = Vec::new();
         assert!(matches!(
             parse_integers(b":1\r\n-MOVED 3999 127.0.0.1:6381\r\n", 2, &mut found),
@@ -338,10 +500,26 @@ mod tests {
             parse_integers(b"+OK\r\n", 1, &mut Vec::new()),
             Err(LeanError::Protocol(_))
         ));
-        assert!(matches!(
-            parse_integers(b":x\r\n", 1, &mut Vec::new()),
-            Err(LeanError::Protocol(_))
-        ));
+        // What no single-key EXISTS answers, and what redis-rs cannot read
+        // as an i64, are errors, as on the redis-rs path.
+        for bad in [
+            &b":x\r\n"[..],
+            b":\r\n",
+            b":99999999999999999999999\r\n",
+            b":-1\r\n",
+            b":2\r\n",
+            b":1\n",
+            b"$1\r\n1\r\n",
+        ] {
+            assert!(
+                matches!(
+                    parse_integers(bad, 1, &mut Vec::new()),
+                    Err(LeanError::Protocol(_))
+                ),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
         // Never more than asked for.
         let mut found = Vec::new();
         assert_eq!(parse_integers(b":1\r\n:1\r\n", 1, &mut found).unwrap(), 4);
@@ -352,7 +530,7 @@ mod tests {
         /// However the replies are split across reads, the answers are the same.
         #[test]
         fn split_reads_give_the_same_answers(
-            values in proptest::collection::vec(0u8..3, 1..200),
+            values in proptest::collection::vec(0u8..2, 1..200),
             cuts in proptest::collection::vec(proptest::num::usize::ANY, 0..8),
         ) {
             let mut wire = Vec::new();

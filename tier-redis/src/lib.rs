@@ -18,6 +18,12 @@
 //!   (MOVED, NOAUTH...) or connection trouble hands the chunk to redis-rs,
 //!   which decides the outcome; TLS always uses redis-rs. `lean_pipelines =
 //!   false` turns it off; [`RedisTier::pipeline_stats`] counts both paths.
+//! - **Replies are checked, the same way on both paths.** Each EXISTS must
+//!   answer `0` or `1`, and each pipeline ends with an end marker (`TYPE`
+//!   of its first key) whose reply must come last, so a missing or an extra
+//!   reply is seen. Anything else is [`RedisTierError::UnexpectedReply`],
+//!   never a hit or a miss. A reply line the lean path reads may be at most
+//!   4 KiB long, and every call returns within its response timeout.
 //! - **Outages.** The connection reconnects by itself. Connect and response
 //!   timeouts are short, so a lookup during an outage fails fast, with a
 //!   typed error (timeout, unavailable, auth, cluster down) that the lookup
@@ -204,15 +210,15 @@ impl RedisTier {
                     root_cert: Some(root),
                 });
             }
-            let client = builder.build().map_err(|e| invalid("cluster_urls", &e))?;
+            let client = builder.build().map_err(|e| {
+                invalid(
+                    "cluster_urls",
+                    &format!("{e} (seeds {:?})", redacted_list(&config.cluster_urls)),
+                )
+            })?;
             let endpoint = format!(
                 "redis cluster [{}]",
-                config
-                    .cluster_urls
-                    .iter()
-                    .map(|u| config::redact(u))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                redacted_list(&config.cluster_urls).join(", ")
             );
             (
                 endpoint,
@@ -227,11 +233,10 @@ impl RedisTier {
                 },
             )
         } else {
-            let mut info = config
-                .url
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| invalid("url", &e))?;
+            let mut info =
+                config.url.as_str().into_connection_info().map_err(|e| {
+                    invalid("url", &format!("{:?}: {e}", config::redact(&config.url)))
+                })?;
             let mut redis_settings = info.redis_settings().clone();
             if let Some(user) = &config.username {
                 redis_settings = redis_settings.set_username(user);
@@ -250,7 +255,7 @@ impl RedisTier {
                 ),
                 None => Client::open(info),
             }
-            .map_err(|e| invalid("url", &e))?;
+            .map_err(|e| invalid("url", &format!("{:?}: {e}", config::redact(&config.url))))?;
             (
                 format!("redis {}", config::redact(&config.url)),
                 Backend::Single {
@@ -286,22 +291,34 @@ impl RedisTier {
         }
     }
 
-    /// One chunk through the lean path; `None` means "ask redis-rs".
+    /// One chunk through the lean path; `Ok(None)` means "ask redis-rs".
+    ///
+    /// # Errors
+    /// [`RedisTierError::UnexpectedReply`] when the server broke the
+    /// protocol: redis-rs's answer would be an error too (its replies are
+    /// checked with the same rule), so it is not asked.
     async fn try_lean<'a>(
         &self,
         pool: Option<&lean::LeanPool>,
         keys: impl ExactSizeIterator<Item = &'a OffloadKey>,
-    ) -> Option<Vec<bool>> {
-        let pool = pool?;
+    ) -> Result<Option<Vec<bool>>> {
+        let Some(pool) = pool else {
+            return Ok(None);
+        };
         let now_ms = || u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         if now_ms() < self.lean_paused_until.load(Ordering::Relaxed) {
-            return None;
+            return Ok(None);
         }
         match pool.exists(self.config.key_prefix.as_bytes(), keys).await {
             Ok(found) => {
                 self.lean_pipelines.fetch_add(1, Ordering::Relaxed);
-                Some(found)
+                Ok(Some(found))
             }
+            Err(e) if e.is_protocol_violation() => Err(RedisTierError::UnexpectedReply {
+                endpoint: self.endpoint.clone(),
+                op: "EXISTS pipeline",
+                detail: e.to_string(),
+            }),
             Err(e) => {
                 self.lean_fallbacks.fetch_add(1, Ordering::Relaxed);
                 // A moved slot is redis-rs's to follow; anything else (an
@@ -313,7 +330,7 @@ impl RedisTier {
                         .store(now_ms().saturating_add(1000), Ordering::Relaxed);
                 }
                 tracing::debug!(endpoint = %self.endpoint, error = %e, "lean EXISTS pipeline gave up; asking redis-rs");
-                None
+                Ok(None)
             }
         }
     }
@@ -354,17 +371,33 @@ impl RedisTier {
         buf.extend_from_slice(key.as_bytes());
     }
 
-    /// One EXISTS per key, in order, each command sized up front.
+    /// One EXISTS per key, in order, each command sized up front, then the
+    /// end marker `TYPE <first name>` (as on the lean path; see
+    /// [`exists_answers`]).
     fn exists_pipeline<'a>(&self, keys: impl ExactSizeIterator<Item = &'a OffloadKey>) -> Pipeline {
-        let mut pipe = Pipeline::with_capacity(keys.len());
+        let mut pipe = Pipeline::with_capacity(keys.len() + 1);
         let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
+        let mut first = None;
         for key in keys {
+            first.get_or_insert(key);
             self.write_full_key(&mut name, key);
             let mut cmd = redis::Cmd::with_capacity(2, "EXISTS".len() + name.len());
             cmd.arg("EXISTS").arg(name.as_slice());
             pipe.add_command(cmd);
         }
+        if let Some(first) = first {
+            pipe.cmd("TYPE").arg(self.full_key(first));
+        }
         pipe
+    }
+
+    /// [`exists_answers`] as a tier error.
+    fn exists_answers(&self, values: Vec<Value>, keys: usize) -> Result<Vec<bool>> {
+        exists_answers(values, keys).map_err(|detail| RedisTierError::UnexpectedReply {
+            endpoint: self.endpoint.clone(),
+            op: "EXISTS pipeline",
+            detail,
+        })
     }
 
     async fn single(&self) -> Result<ConnectionManager> {
@@ -450,12 +483,15 @@ impl RedisTier {
             .map(|chunk| {
                 let mut conn = conn.clone();
                 async move {
-                    if let Some(found) = self.try_lean(lean.as_deref(), chunk.iter()).await {
+                    if let Some(found) = self.try_lean(lean.as_deref(), chunk.iter()).await? {
                         return Ok(found);
                     }
                     let pipe = self.exists_pipeline(chunk.iter());
-                    let answers = pipe.query_async::<Vec<i64>>(&mut conn).await?;
-                    Ok::<_, redis::RedisError>(answers.into_iter().map(|n| n > 0).collect())
+                    let values = pipe
+                        .query_async::<Vec<Value>>(&mut conn)
+                        .await
+                        .map_err(|e| self.err("EXISTS pipeline", e))?;
+                    self.exists_answers(values, chunk.len())
                 }
             })
             .collect();
@@ -463,9 +499,17 @@ impl RedisTier {
         let mut answers =
             futures_util::stream::iter(chunks).buffered(self.config.max_chunks_in_flight);
         while let Some(answer) = answers.next().await {
-            found.extend(answer.map_err(|e| self.err("EXISTS pipeline", e))?);
+            found.extend(answer?);
         }
         self.check_len(found, keys.len())
+    }
+
+    fn unexpected(&self, op: &'static str, detail: &str) -> RedisTierError {
+        RedisTierError::UnexpectedReply {
+            endpoint: self.endpoint.clone(),
+            op,
+            detail: detail.to_owned(),
+        }
     }
 
     fn check_len(&self, found: Vec<bool>, expected: usize) -> Result<Vec<bool>> {
@@ -582,7 +626,7 @@ impl RedisTier {
                 let mut conn = conn.clone();
                 async move {
                     let chunk_keys = chunk.iter().map(|&(pos, _)| &keys[pos]);
-                    if let Some(found) = self.try_lean(lean, chunk_keys.clone()).await {
+                    if let Some(found) = self.try_lean(lean, chunk_keys.clone()).await? {
                         return Ok(found);
                     }
                     let route = SingleNodeRoutingInfo::SpecificNode(Route::new(
@@ -590,12 +634,17 @@ impl RedisTier {
                         SlotAddr::Master,
                     ));
                     let pipe = self.exists_pipeline(chunk_keys);
-                    conn.route_pipeline(pipe, 0, chunk.len(), route)
-                        .await?
-                        .into_iter()
-                        .map(|v| redis::from_redis_value::<i64>(v).map(|n| n > 0))
-                        .collect::<Result<Vec<bool>, _>>()
-                        .map_err(redis::RedisError::from)
+                    // An error reply (MOVED...) is the client's error, to
+                    // be asked again key by key; a broken reply is not.
+                    let values = conn
+                        .route_pipeline(pipe, 0, chunk.len() + 1, route)
+                        .await
+                        .and_then(|values| Value::Array(values).extract_error())
+                        .map_err(|e| self.err("EXISTS pipeline", e))?;
+                    let Value::Array(values) = values else {
+                        return Err(self.unexpected("EXISTS pipeline", "not an array"));
+                    };
+                    self.exists_answers(values, chunk.len())
                 }
             })
             .collect();
@@ -606,6 +655,7 @@ impl RedisTier {
         while let Some(answer) = answers.next().await {
             match answer {
                 Ok(values) => found.extend(values),
+                Err(e @ RedisTierError::UnexpectedReply { .. }) => return Err(e),
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -628,7 +678,11 @@ impl RedisTier {
         let mut found = Vec::with_capacity(group.len());
         let mut answers = futures_util::stream::iter(singles).buffered(self.config.pipeline_chunk);
         while let Some(answer) = answers.next().await {
-            found.push(answer.map_err(|e| self.err("EXISTS", e))? > 0);
+            let n = answer.map_err(|e| self.err("EXISTS", e))?;
+            found.push(
+                lean::exists_answer(n)
+                    .ok_or_else(|| self.unexpected("EXISTS", &format!("answer {n}")))?,
+            );
         }
         Ok(found)
     }
@@ -685,7 +739,7 @@ impl RedisTier {
     ) -> Result<()> {
         match &self.backend {
             Backend::Single { .. } => {
-                let conn = self.single().await?;
+                let conn = self.bounded("connect", self.single()).await?;
                 for chunk in blocks.chunks(self.config.pipeline_chunk) {
                     let pipe = self.set_pipeline(chunk.iter(), ttl);
                     let mut conn = conn.clone();
@@ -699,8 +753,13 @@ impl RedisTier {
                 Ok(())
             }
             Backend::Cluster { .. } => {
-                let conn = self.cluster().await?;
-                let map = self.slot_map(&conn).await?;
+                let (conn, map) = self
+                    .bounded("CLUSTER SLOTS", async {
+                        let conn = self.cluster().await?;
+                        let map = self.slot_map(&conn).await?;
+                        Ok((conn, map))
+                    })
+                    .await?;
                 let groups = self.group_by_master(&map, blocks.iter().map(|(key, _)| key));
                 let stores: Vec<_> = groups
                     .iter()
@@ -834,6 +893,11 @@ impl RedisTier {
     }
 }
 
+/// Each URL with its credentials masked.
+fn redacted_list(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|u| config::redact(u)).collect()
+}
+
 /// The lean path's settings for `url`: plain TCP only, with the configured
 /// user and password over the URL's; `None` when the lean path is off.
 fn lean_endpoint(url: &str, config: &RedisConfig) -> Option<lean::Endpoint> {
@@ -860,6 +924,31 @@ fn lean_endpoint(url: &str, config: &RedisConfig) -> Option<lean::Endpoint> {
         connect_timeout: Duration::from_millis(config.connect_timeout_ms),
         response_timeout: Duration::from_millis(config.response_timeout_ms),
     })
+}
+
+/// The answers of an EXISTS pipeline of `keys` commands and its end marker,
+/// read with the lean path's rule: each answer `0` or `1`
+/// ([`lean::exists_answer`]), then the marker's simple string, last.
+fn exists_answers(mut values: Vec<Value>, keys: usize) -> Result<Vec<bool>, String> {
+    if values.len() != keys + 1 {
+        return Err(format!(
+            "{} replies to {keys} EXISTS and an end marker",
+            values.len()
+        ));
+    }
+    match values.pop() {
+        // Any simple string, as the lean path takes it (`+OK` is `Okay`).
+        Some(Value::SimpleString(_) | Value::Okay) => {}
+        _ => return Err("replies out of step: the end marker's reply is not last".to_owned()),
+    }
+    values
+        .into_iter()
+        .map(|value| match value {
+            Value::Int(n) => lean::exists_answer(n)
+                .ok_or_else(|| format!("an EXISTS answer other than 0 or 1: {n}")),
+            _ => Err("an EXISTS answer that is not an integer".to_owned()),
+        })
+        .collect()
 }
 
 /// Parses a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id], replicas...], ...]`.

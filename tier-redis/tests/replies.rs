@@ -1,0 +1,252 @@
+//! Replies no Redis server gives to EXISTS, from a fake server speaking
+//! crafted bytes: the lean path and the redis-rs path agree that each is an
+//! error, and every call returns within its bound however the server
+//! misbehaves.
+
+use std::time::{Duration, Instant};
+
+use lookup_core::testkit::unique_keys;
+use tier_redis::{RedisConfig, RedisTier, RedisTierError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How the fake server answers EXISTS (every other command gets a plain
+/// answer: ECHO its argument, PING +PONG, TYPE +none, CLUSTER SLOTS a
+/// one-node cluster of itself, anything else +OK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// `:1` to every EXISTS: a well-behaved server.
+    Honest,
+    /// An integer that does not fit in 64 bits.
+    Overflowing,
+    /// A negative count.
+    Negative,
+    /// A count no single-key EXISTS gives.
+    Two,
+    /// A bulk string `"1"` instead of an integer.
+    Bulk,
+    /// Two replies to the first EXISTS.
+    Extra,
+    /// No reply to the first EXISTS.
+    Missing,
+    /// A reply line to the first EXISTS that never ends.
+    Endless,
+}
+
+/// A fake server on a free loopback port; stops when dropped.
+struct FakeRedis {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeRedis {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeRedis {
+    async fn start(answer: Answer) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                conns.spawn(serve(conn, answer, port));
+            }
+        });
+        Self { port, task }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+/// One complete command (a RESP array of bulk strings) at the start of
+/// `buf`, and the bytes it takes.
+fn command(buf: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
+    fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+        let end = at + buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        Some((&buf[at..end], end + 2))
+    }
+    let (head, mut at) = line(buf, 0)?;
+    let n: usize = std::str::from_utf8(head.strip_prefix(b"*")?)
+        .ok()?
+        .parse()
+        .ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (len, next) = line(buf, at)?;
+        let len: usize = std::str::from_utf8(len.strip_prefix(b"$")?)
+            .ok()?
+            .parse()
+            .ok()?;
+        let arg = buf.get(next..next + len)?;
+        if buf.get(next + len..next + len + 2)? != b"\r\n" {
+            return None;
+        }
+        args.push(arg.to_vec());
+        at = next + len + 2;
+    }
+    Some((args, at))
+}
+
+async fn serve(mut conn: TcpStream, answer: Answer, port: u16) {
+    let mut buf = Vec::new();
+    let mut exists_seen = 0;
+    let mut chunk = [0u8; 16 << 10];
+    loop {
+        let mut out = Vec::new();
+        while let Some((args, used)) = command(&buf) {
+            buf.drain(..used);
+            let name = args[0].to_ascii_uppercase();
+            match name.as_slice() {
+                b"EXISTS" => {
+                    exists_seen += 1;
+                    let first = exists_seen == 1;
+                    match answer {
+                        Answer::Honest => out.extend_from_slice(b":1\r\n"),
+                        Answer::Overflowing => {
+                            out.extend_from_slice(b":99999999999999999999999\r\n");
+                        }
+                        Answer::Negative => out.extend_from_slice(b":-1\r\n"),
+                        Answer::Two => out.extend_from_slice(b":2\r\n"),
+                        Answer::Bulk => out.extend_from_slice(b"$1\r\n1\r\n"),
+                        Answer::Extra if first => out.extend_from_slice(b":1\r\n:0\r\n"),
+                        Answer::Missing if first => {}
+                        Answer::Extra | Answer::Missing => out.extend_from_slice(b":0\r\n"),
+                        Answer::Endless => {
+                            // ":1111..." without end, 16 KiB a millisecond
+                            // (a bounded rate: the client must stop it, and
+                            // a slow client must not fill this machine).
+                            let _ = conn.write_all(b":").await;
+                            let ones = [b'1'; 16 << 10];
+                            while conn.write_all(&ones).await.is_ok() {
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            return;
+                        }
+                    }
+                }
+                b"ECHO" => {
+                    let arg = args.get(1).cloned().unwrap_or_default();
+                    out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                    out.extend_from_slice(&arg);
+                    out.extend_from_slice(b"\r\n");
+                }
+                b"PING" => out.extend_from_slice(b"+PONG\r\n"),
+                b"TYPE" => out.extend_from_slice(b"+none\r\n"),
+                // A one-node cluster: every slot is this server's.
+                b"CLUSTER" => out.extend_from_slice(
+                    format!(
+                        "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$40\r\n{}\r\n",
+                        "f".repeat(40)
+                    )
+                    .as_bytes(),
+                ),
+                _ => out.extend_from_slice(b"+OK\r\n"),
+            }
+        }
+        if !out.is_empty() && conn.write_all(&out).await.is_err() {
+            return;
+        }
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A tier of the fake server: single node, or a cluster of it.
+fn tier(
+    server: &FakeRedis,
+    lean: bool,
+    cluster: bool,
+    connect_ms: u64,
+    response_ms: u64,
+) -> RedisTier {
+    let base = if cluster {
+        RedisConfig::cluster([server.url()])
+    } else {
+        RedisConfig::from_url(server.url())
+    };
+    RedisTier::new(RedisConfig {
+        lean_pipelines: lean,
+        connect_timeout_ms: connect_ms,
+        response_timeout_ms: response_ms,
+        ..base
+    })
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fake_server_answers_an_honest_exists_on_both_paths() {
+    let server = FakeRedis::start(Answer::Honest).await;
+    for (lean, cluster) in [(true, false), (false, false), (true, true), (false, true)] {
+        let tier = tier(&server, lean, cluster, 200, 300);
+        let found = tier.exists_many(&unique_keys(4, 36)).await.unwrap();
+        assert_eq!(found, [true; 4], "lean {lean}, cluster {cluster}");
+        assert_eq!(tier.pipeline_stats().lean, u64::from(lean));
+        assert_eq!(tier.pipeline_stats().fallbacks, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_exists_never_gives_are_errors_on_both_paths() {
+    let mut wrong = Vec::new();
+    for answer in [
+        Answer::Overflowing,
+        Answer::Negative,
+        Answer::Two,
+        Answer::Bulk,
+        Answer::Extra,
+        Answer::Missing,
+    ] {
+        let server = FakeRedis::start(answer).await;
+        for (lean, cluster) in [(true, false), (false, false), (true, true), (false, true)] {
+            let tier = tier(&server, lean, cluster, 200, 300);
+            let start = Instant::now();
+            let got = tier.exists_many(&unique_keys(4, 36)).await;
+            let took = start.elapsed();
+            if got.is_ok() || took >= Duration::from_millis(3 * 500) {
+                wrong.push(format!(
+                    "{answer:?}, lean {lean}, cluster {cluster}: {got:?} after {took:?}"
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "not an error in time:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_line_that_never_ends_is_a_typed_error_within_the_response_timeout() {
+    let server = FakeRedis::start(Answer::Endless).await;
+    // The bound of a direct call: response timeout plus connect timeout.
+    let bound = Duration::from_millis(1_000 + 500);
+    for lean in [true, false] {
+        let tier = tier(&server, lean, false, 500, 1_000);
+        let start = Instant::now();
+        let err = tier.exists_many(&unique_keys(4, 36)).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(took < 3 * bound, "lean {lean}: {took:?}, {err}");
+        if lean {
+            // The lean path stops at its line cap, long before the timeout:
+            // what it holds of the line is bounded by the cap.
+            assert!(
+                matches!(&err, RedisTierError::UnexpectedReply { detail, .. } if detail.contains("longer than")),
+                "{err:?}"
+            );
+            assert!(took < bound, "{took:?}");
+        } else {
+            assert!(
+                matches!(err, RedisTierError::Timeout { .. }),
+                "redis-rs: {err:?}"
+            );
+        }
+    }
+}
