@@ -51,7 +51,8 @@ fn block_on<T: Send, E: std::fmt::Display + Send>(
     fut: impl Future<Output = Result<T, E>> + Send,
 ) -> PyResult<T> {
     let rt = runtime()?;
-    let outcome = py.allow_threads(|| rt.block_on(tokio::time::timeout(CALL_LIMIT, fut)));
+    let outcome =
+        py.allow_threads(|| rt.block_on(async { tokio::time::timeout(CALL_LIMIT, fut).await }));
     match outcome {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(TierError::new_err(format!("{what} failed: {e}"))),
