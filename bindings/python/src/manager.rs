@@ -75,19 +75,10 @@ impl Inner {
 
     #[inline]
     fn before_lookup(&self, py: Python<'_>) {
-        if let Some(calls) = &self.py_calls {
+        if let Some(calls) = &self.py_calls
+            && !self.shut_down.load(Ordering::Acquire)
+        {
             calls.wait_published(py, PUBLISH_WAIT);
-        }
-    }
-
-    /// The context of `ctx`, from the identity cache or by reading `req_id`.
-    /// Returns the context and the object it replaced in the cache (to be
-    /// dropped by the caller after the lock is released).
-    #[inline]
-    fn context_cached(core: &Core, ptr: usize) -> Option<ReqContext> {
-        match &core.last_ctx {
-            Some((cached, _, ctx)) if *cached == ptr => Some(ctx.clone()),
-            _ => None,
         }
     }
 
@@ -101,10 +92,13 @@ impl Inner {
     ) -> PyResult<R> {
         let ptr = ctx.as_ptr() as usize;
         // Fast path: the same object as last time.
-        if let Ok(mut core) = self.core.try_lock()
-            && let Some(rc) = Self::context_cached(&core, ptr)
-        {
-            return Ok(f(core.manager.as_mut(), &rc));
+        if let Ok(mut guard) = self.core.try_lock() {
+            let core = &mut *guard;
+            if let Some((cached, _, rc)) = &core.last_ctx
+                && *cached == ptr
+            {
+                return Ok(f(core.manager.as_mut(), rc));
+            }
         }
         let req_id: Arc<str> = Arc::from(convert::req_id(ctx)?);
         if let Some(calls) = &self.py_calls {

@@ -183,3 +183,22 @@ def test_the_native_managers_are_seen_by_redis_py():
     finally:
         client.delete(prefix.encode() + key(7), prefix.encode() + key(8))
         m.shutdown()
+
+
+def test_an_unreachable_s3_is_a_typed_error_and_a_counted_error_in_lookups():
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    m = kvtier.S3LookupManager(bucket="kvtier-nowhere", endpoint=endpoint, force_path_style=True,
+                               access_key_id="a", secret_access_key="b", max_attempts=1,
+                               connect_timeout_ms=200, request_timeout_ms=300)
+    try:
+        start = time.monotonic()
+        with pytest.raises(kvtier.TierError):
+            m.store(key(1), b"x")
+        with pytest.raises(kvtier.TierError):
+            m.load(key(1))
+        assert time.monotonic() - start < GUARD
+        assert resolve(m, key(1), ReqContext("r")) is False
+        stats = m.stats()
+        assert stats["errors"] + stats["timeouts"] == 1 and stats["misses"] == 0, stats
+    finally:
+        m.shutdown()
