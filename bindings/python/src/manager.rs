@@ -1,6 +1,8 @@
 //! `_Manager`: the one native class behind `kvtier.AsyncLookupManager` and
 //! the native Redis / S3 / disk managers.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
@@ -26,13 +28,45 @@ use crate::{KvtierError, ShutDownError};
 /// published (microseconds in practice; bounded for a stopped worker).
 const PUBLISH_WAIT: Duration = Duration::from_millis(200);
 
-/// The manager and the last request context seen, behind one lock.
+/// The manager and the request contexts seen, behind one lock.
 pub(crate) struct Core {
     pub(crate) manager: Box<dyn DynLookupManager>,
-    /// The last `req_context` object and its context: a scheduler asks for
-    /// one request many times in a row, so an identity check saves reading
-    /// `req_id` each call.
-    last_ctx: Option<(usize, Py<PyAny>, ReqContext)>,
+    /// `req_context` objects by identity, with their contexts: a scheduler
+    /// passes the same object for a request step after step, so an identity
+    /// check saves reading `req_id` (a Python attribute) on each call. The
+    /// object is held, so its address cannot be reused while it is here;
+    /// `cleanup(req_id)` removes it. A context's `req_id` must not change.
+    contexts: HashMap<usize, (Py<PyAny>, ReqContext), BuildHasherDefault<AddressHasher>>,
+}
+
+/// Bounds the context cache: past this many live objects it starts afresh.
+const MAX_CACHED_CONTEXTS: usize = 16_384;
+
+/// Hashes an object address (already unique; mix the low bits away).
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl Core {
+    fn new(manager: Box<dyn DynLookupManager>) -> Self {
+        Self {
+            manager,
+            contexts: HashMap::default(),
+        }
+    }
 }
 
 /// Everything a manager object owns once initialised.
@@ -91,12 +125,10 @@ impl Inner {
         f: impl FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R + Send,
     ) -> PyResult<R> {
         let ptr = ctx.as_ptr() as usize;
-        // Fast path: the same object as last time.
+        // Fast path: an object seen before.
         if let Ok(mut guard) = self.core.try_lock() {
             let core = &mut *guard;
-            if let Some((cached, _, rc)) = &core.last_ctx
-                && *cached == ptr
-            {
+            if let Some((_, rc)) = core.contexts.get(&ptr) {
                 return Ok(f(core.manager.as_mut(), rc));
             }
         }
@@ -107,9 +139,16 @@ impl Inner {
         let rc = ReqContext::new(req_id);
         let keep = ctx.clone().unbind();
         let (result, replaced) = self.with_core(py, move |core| {
-            let replaced = core.last_ctx.replace((ptr, keep, rc.clone()));
+            let mut replaced: Vec<Py<PyAny>> = Vec::new();
+            if core.contexts.len() >= MAX_CACHED_CONTEXTS {
+                replaced.extend(core.contexts.drain().map(|(_, (obj, _))| obj));
+            }
+            if let Some((obj, _)) = core.contexts.insert(ptr, (keep, rc.clone())) {
+                replaced.push(obj);
+            }
             (f(core.manager.as_mut(), &rc), replaced)
         });
+        // Released after the lock: a finalizer may run Python code.
         drop(replaced);
         Ok(result)
     }
@@ -212,10 +251,7 @@ impl PyManager {
         })
         .map_err(build_err)?;
         slf.get().install(Inner {
-            core: Mutex::new(Core {
-                manager: Box::new(manager),
-                last_ctx: None,
-            }),
+            core: Mutex::new(Core::new(Box::new(manager))),
             tier_name,
             py_calls: Some(calls),
             native: Native::None,
@@ -264,10 +300,7 @@ impl PyManager {
             }
         };
         slf.get().install(Inner {
-            core: Mutex::new(Core {
-                manager,
-                last_ctx: None,
-            }),
+            core: Mutex::new(Core::new(manager)),
             tier_name,
             py_calls: None,
             native,
@@ -366,12 +399,12 @@ impl PyManager {
         let req_id: String = req_id
             .extract()
             .map_err(|_| PyTypeError::new_err("req_id must be a str"))?;
-        let dropped = inner.with_core(py, |core| {
+        let dropped: Vec<Py<PyAny>> = inner.with_core(py, |core| {
             core.manager.cleanup(&req_id);
-            match &core.last_ctx {
-                Some((_, _, ctx)) if ctx.req_id() == req_id => core.last_ctx.take(),
-                _ => None,
-            }
+            core.contexts
+                .extract_if(|_, (_, ctx)| ctx.req_id() == req_id)
+                .map(|(_, (obj, _))| obj)
+                .collect()
         });
         drop(dropped);
         if let Some(calls) = &inner.py_calls {
