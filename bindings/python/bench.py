@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""kvtier from Python against the reference Python AsyncLookupManager.
+
+Prints one JSON line per workload, like kvbench; every figure of a line is
+measured in the same process and run. Build the extension optimised first:
+
+    KVTIER_PY_RELEASE=1 bindings/python/test.sh -q     # or: maturin develop --release
+    source .services/env                                # Redis for py_busy_redis
+    bindings/python/.venv/bin/python bindings/python/bench.py
+
+The reference is vLLM's async_lookup.py (default: ../shared/reference/ beside
+the repository; --reference PATH). It is imported from a temporary
+directory with the two small vllm modules its README describes; nothing of
+it is part of the kvtier package.
+
+Workloads:
+  py_lookup        ns per lookup() of a resolved key (in-memory subclass, both)
+  py_lookup_many   ns per key through lookup_many vs the reference's lookup()
+  py_step_loop     scheduler us per step: 64 requests x 32 resolved keys
+                   (kvtier: lookup_many per request; reference: lookup per key)
+  py_busy_redis    20 requests x 256 Redis keys flushed, 100 ms of pure-Python
+                   scheduler work, one step: share of keys answered
+                   (kvtier.RedisLookupManager vs the reference over a redis-py
+                   pipeline)
+  py_busy_disk     the same over a disk tier (kvtier.DiskLookupManager vs the
+                   reference checking one file per key with os.path.exists)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import kvtier
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_REFERENCE = HERE.parent.parent.parent / "shared" / "reference" / "async_lookup.py"
+
+
+@dataclass
+class ReqContext:
+    req_id: str
+    kv_transfer_params: dict | None = None
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(32, "big") + (0).to_bytes(4, "big")
+
+
+def import_reference(path: Path):
+    """The reference module, importable as vLLM would see it."""
+    root = Path(tempfile.mkdtemp(prefix="kvtier-ref-"))
+    pkg = root / "vllm"
+    (pkg / "v1" / "kv_offload" / "tiering").mkdir(parents=True)
+    for d in (pkg, pkg / "v1", pkg / "v1" / "kv_offload", pkg / "v1" / "kv_offload" / "tiering"):
+        (d / "__init__.py").write_text("")
+    (pkg / "logger.py").write_text("import logging\ninit_logger = logging.getLogger\n")
+    (pkg / "v1" / "kv_offload" / "base.py").write_text(
+        "from dataclasses import dataclass\n"
+        "OffloadKey = bytes\n"
+        "@dataclass\n"
+        "class ReqContext:\n"
+        "    req_id: str\n"
+        "    kv_transfer_params: dict | None = None\n"
+    )
+    (pkg / "v1" / "kv_offload" / "tiering" / "async_lookup.py").write_text(path.read_text())
+    sys.path.insert(0, str(root))
+    return importlib.import_module("vllm.v1.kv_offload.tiering.async_lookup")
+
+
+def emit(line: dict) -> None:
+    print(json.dumps(line), flush=True)
+
+
+def r3(x: float) -> float:
+    return round(x, 3)
+
+
+def settle(m, requests, native: bool) -> None:
+    """Looks every key up until each has an answer."""
+    for ctx, keys in requests:
+        for k in keys:
+            m.lookup(k, ctx)
+    m.flush()
+    deadline = time.monotonic() + 10
+    while True:
+        if all(m.lookup(k, ctx) is not None for ctx, keys in requests for k in keys):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("keys never resolved")
+        time.sleep(0.001)
+        if not native:
+            m.flush()
+
+
+def make_memory_managers(ref_mod, present):
+    class KvtierMemory(kvtier.AsyncLookupManager):
+        def __init__(self, existing_keys):
+            super().__init__(tier_type="memory")
+            self.existing_keys = set(existing_keys)
+
+        def batch_lookup(self, keys, req_context):
+            return [k in self.existing_keys for k in keys]
+
+    class ReferenceMemory(ref_mod.AsyncLookupManager):
+        def __init__(self, existing_keys):
+            super().__init__(tier_type="memory")
+            self.existing_keys = set(existing_keys)
+
+        def batch_lookup(self, keys, req_context):
+            return [k in self.existing_keys for k in keys]
+
+    return KvtierMemory(present), ReferenceMemory(present)
+
+
+def timed(fn, rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append(time.perf_counter_ns() - t0)
+    return out
+
+
+def bench_lookup(ref_mod, rounds: int) -> None:
+    n_keys, reps = 32, 2000
+    keys = [key(i) for i in range(n_keys)]
+    ours, ref = make_memory_managers(ref_mod, keys[::2])
+    ctx = ReqContext("r0")
+    settle(ours, [(ctx, keys)], True)
+    settle(ref, [(ctx, keys)], False)
+
+    def loop(m):
+        lookup = m.lookup
+        for _ in range(reps):
+            for k in keys:
+                lookup(k, ctx)
+
+    calls = reps * n_keys
+    ns_ours = statistics.median(timed(lambda: loop(ours), rounds)) / calls
+    ns_ref = statistics.median(timed(lambda: loop(ref), rounds)) / calls
+
+    def many(m):
+        lm = m.lookup_many
+        for _ in range(reps):
+            lm(keys, ctx)
+
+    ns_many = statistics.median(timed(lambda: many(ours), rounds)) / calls
+    ours.shutdown()
+    ref.shutdown()
+    emit({
+        "workload": "py_lookup", "tier": "python-memory",
+        "params": {"keys": n_keys, "lookups": calls, "key_len": 36, "rounds": rounds,
+                   "baseline": "reference AsyncLookupManager.lookup, same in-memory subclass"},
+        "ns_per_lookup": r3(ns_ours), "baseline_ns_per_lookup": r3(ns_ref),
+        "speedup": r3(ns_ref / ns_ours),
+    })
+    emit({
+        "workload": "py_lookup_many", "tier": "python-memory",
+        "params": {"keys_per_call": n_keys, "calls": reps, "key_len": 36, "rounds": rounds,
+                   "baseline": "reference lookup() per key"},
+        "ns_per_key": r3(ns_many), "baseline_ns_per_key": r3(ns_ref),
+        "speedup": r3(ns_ref / ns_many),
+    })
+
+
+def bench_step_loop(ref_mod, rounds: int) -> None:
+    n_req, n_keys, steps = 64, 32, 50
+    requests = [(ReqContext(f"r{r}"), [key(r * n_keys + i) for i in range(n_keys)])
+                for r in range(n_req)]
+    present = [k for _, keys in requests for k in keys[: n_keys // 2]]
+    ours, ref = make_memory_managers(ref_mod, present)
+    settle(ours, requests, True)
+    settle(ref, requests, False)
+
+    def ours_steps():
+        for _ in range(steps):
+            for ctx, keys in requests:
+                ours.lookup_many(keys, ctx)
+            ours.flush()
+
+    def ref_steps():
+        for _ in range(steps):
+            for ctx, keys in requests:
+                for k in keys:
+                    ref.lookup(k, ctx)
+            ref.flush()
+
+    us_ours = statistics.median(timed(ours_steps, rounds)) / steps / 1000
+    us_ref = statistics.median(timed(ref_steps, rounds)) / steps / 1000
+    ours.shutdown()
+    ref.shutdown()
+    emit({
+        "workload": "py_step_loop", "tier": "python-memory",
+        "params": {"requests_per_step": n_req, "keys_per_request": n_keys, "steps": steps,
+                   "rounds": rounds, "resolved": True,
+                   "ours": "lookup_many per request + flush",
+                   "baseline": "reference lookup per key + flush"},
+        "scheduler_us_per_step": r3(us_ours), "baseline_scheduler_us_per_step": r3(us_ref),
+        "speedup": r3(us_ref / us_ours),
+    })
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+
+
+N_REQ, N_KEYS, BUSY_S = 20, 256, 0.1
+
+
+def busy_trial(make_ours, make_ref, seed: int):
+    """One trial each: flush, 100 ms busy, one step; the shares answered."""
+    shares = []
+    for make in (make_ours, make_ref):
+        m = make()
+        requests = [(ReqContext(f"t{seed}-r{r}"), [key(seed * 1_000_000 + r * N_KEYS + i)
+                                                     for i in range(N_KEYS)])
+                    for r in range(N_REQ)]
+        for ctx, keys in requests:
+            for k in keys:
+                m.lookup(k, ctx)
+        m.flush()
+        busy(BUSY_S)
+        answered = sum(m.lookup(k, ctx) is not None for ctx, keys in requests for k in keys)
+        m.shutdown()
+        shares.append(answered / (N_REQ * N_KEYS))
+    return shares
+
+
+def busy_line(workload, tier, trials_ours, trials_ref, baseline):
+    emit({
+        "workload": workload, "tier": tier,
+        "params": {"requests": N_REQ, "keys_per_request": N_KEYS, "busy_ms": BUSY_S * 1000,
+                   "trials": len(trials_ours), "baseline": baseline},
+        "answered_share_median": r3(statistics.median(trials_ours)),
+        "answered_share_min": r3(min(trials_ours)),
+        "baseline_answered_share_median": r3(statistics.median(trials_ref)),
+        "baseline_answered_share_max": r3(max(trials_ref)),
+        "answered_share_trials": [r3(x) for x in trials_ours],
+        "baseline_answered_share_trials": [r3(x) for x in trials_ref],
+    })
+
+
+def bench_busy_redis(ref_mod, trials: int) -> None:
+    url = os.environ.get("KVTIER_REDIS_URL")
+    if not url:
+        print("py_busy_redis: KVTIER_REDIS_URL unset; skipped", file=sys.stderr)
+        return
+    import redis
+
+    prefix = f"kvtier-pybench-{uuid.uuid4().hex[:8]}:"
+    client = redis.Redis.from_url(url)
+    names = [prefix.encode() + key(s * 1_000_000 + j)
+             for s in range(trials) for j in range(0, N_REQ * N_KEYS, 2)]
+    for i in range(0, len(names), 4096):
+        pipe = client.pipeline(transaction=False)
+        for n in names[i:i + 4096]:
+            pipe.set(n, b"x")
+        pipe.execute()
+
+    class ReferenceRedis(ref_mod.AsyncLookupManager):
+        def __init__(self):
+            super().__init__(tier_type="redis")
+            self.client = redis.Redis.from_url(url)
+
+        def batch_lookup(self, keys, req_context):
+            pipe = self.client.pipeline(transaction=False)
+            for k in keys:
+                pipe.exists(prefix.encode() + k)
+            return [bool(n) for n in pipe.execute()]
+
+    ours_t, ref_t = [], []
+    for s in range(trials):
+        o, r = busy_trial(lambda: kvtier.RedisLookupManager(url=url, key_prefix=prefix),
+                          ReferenceRedis, s)
+        ours_t.append(o)
+        ref_t.append(r)
+    for i in range(0, len(names), 4096):
+        client.delete(*names[i:i + 4096])
+    busy_line("py_busy_redis", "redis", ours_t, ref_t,
+              "reference over a redis-py pipeline of EXISTS per request")
+
+
+def bench_busy_disk(ref_mod, trials: int) -> None:
+    root = Path(tempfile.mkdtemp(prefix="kvtier-pybench-disk-"))
+    files = root / "files"
+    files.mkdir()
+    ours_dir = root / "kvtier"
+    seeded = kvtier.DiskLookupManager(path=str(ours_dir), fsync="never")
+    for s in range(trials):
+        for j in range(0, N_REQ * N_KEYS, 2):
+            k = key(s * 1_000_000 + j)
+            seeded.store(k, b"x")
+            (files / k.hex()).write_bytes(b"x")
+    seeded.shutdown()
+    del seeded
+
+    class ReferenceFiles(ref_mod.AsyncLookupManager):
+        def __init__(self):
+            super().__init__(tier_type="files")
+
+        def batch_lookup(self, keys, req_context):
+            return [os.path.exists(files / k.hex()) for k in keys]
+
+    ours_t, ref_t = [], []
+    for s in range(trials):
+        o, r = busy_trial(lambda: kvtier.DiskLookupManager(path=str(ours_dir), fsync="never"),
+                          ReferenceFiles, s)
+        ours_t.append(o)
+        ref_t.append(r)
+    busy_line("py_busy_disk", "disk", ours_t, ref_t,
+              "reference checking one file per key with os.path.exists")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reference", type=Path,
+                    default=Path(os.environ.get("KVTIER_REFERENCE", DEFAULT_REFERENCE)))
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("workloads", nargs="*",
+                    default=["py_lookup", "py_step_loop", "py_busy_redis", "py_busy_disk"])
+    args = ap.parse_args()
+    if not args.reference.is_file():
+        sys.exit(f"bench.py: the reference {args.reference} does not exist (--reference PATH)")
+    ref_mod = import_reference(args.reference)
+    for w in args.workloads:
+        if w in ("py_lookup", "py_lookup_many"):
+            bench_lookup(ref_mod, args.rounds)
+        elif w == "py_step_loop":
+            bench_step_loop(ref_mod, args.rounds)
+        elif w == "py_busy_redis":
+            bench_busy_redis(ref_mod, args.trials)
+        elif w == "py_busy_disk":
+            bench_busy_disk(ref_mod, args.trials)
+        else:
+            sys.exit(f"bench.py: unknown workload {w}")
+
+
+if __name__ == "__main__":
+    main()

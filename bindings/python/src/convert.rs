@@ -1,0 +1,224 @@
+//! Conversions between Python values and kvtier's: keys, request contexts,
+//! keyword configurations, stats.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use lookup_core::OffloadKey;
+
+/// A key from a Python object: `bytes` only (`TypeError` otherwise). The
+/// length is checked by the manager (`ValueError`).
+#[inline]
+pub(crate) fn key(obj: &Bound<'_, PyAny>) -> PyResult<OffloadKey> {
+    match obj.downcast::<PyBytes>() {
+        Ok(bytes) => Ok(OffloadKey::new(bytes.as_bytes())),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "a key must be bytes, not {}",
+            type_name(obj)
+        ))),
+    }
+}
+
+/// Keys from a list, a tuple or any iterable of `bytes`.
+pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
+    if let Ok(list) = obj.downcast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            out.push(key(&item)?);
+        }
+        return Ok(out);
+    }
+    if let Ok(tuple) = obj.downcast::<PyTuple>() {
+        return tuple.iter().map(|item| key(&item)).collect();
+    }
+    if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(
+            "keys must be a list of bytes, not a single bytes or str value",
+        ));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "keys must be an iterable of bytes, not {}",
+            type_name(obj)
+        ))
+    })?;
+    let mut out = Vec::new();
+    for item in iter {
+        out.push(key(&item?)?);
+    }
+    Ok(out)
+}
+
+/// The request id of a `req_context`: any object with a `req_id: str`.
+pub(crate) fn req_id(ctx: &Bound<'_, PyAny>) -> PyResult<String> {
+    let value = ctx
+        .getattr(pyo3::intern!(ctx.py(), "req_id"))
+        .map_err(|_| {
+            PyTypeError::new_err(format!(
+                "req_context must have a req_id attribute (str); got {}",
+                type_name(ctx)
+            ))
+        })?;
+    match value.downcast::<PyString>() {
+        Ok(s) => Ok(s.to_cow()?.into_owned()),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "req_context.req_id must be a str, not {}",
+            type_name(&value)
+        ))),
+    }
+}
+
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// A Python value of a keyword configuration as JSON.
+fn to_json(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = obj.downcast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        if let Ok(v) = obj.extract::<u64>() {
+            return Ok(Value::from(v));
+        }
+        if let Ok(v) = obj.extract::<i64>() {
+            return Ok(Value::from(v));
+        }
+        return Err(PyValueError::new_err(format!(
+            "configuration field `{field}`: integer out of range"
+        )));
+    }
+    if let Ok(f) = obj.downcast::<PyFloat>() {
+        return Ok(serde_json::Number::from_f64(f.value())
+            .map(Value::Number)
+            .unwrap_or(Value::Null));
+    }
+    if let Ok(s) = obj.downcast::<PyString>() {
+        return Ok(Value::String(s.to_cow()?.into_owned()));
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let mut items = Vec::new();
+        for item in obj.try_iter()? {
+            items.push(to_json(field, &item?)?);
+        }
+        return Ok(Value::Array(items));
+    }
+    // os.PathLike (pathlib.Path) becomes its string form.
+    if let Ok(path) = obj.call_method0("__fspath__")
+        && let Ok(s) = path.downcast::<PyString>()
+    {
+        return Ok(Value::String(s.to_cow()?.into_owned()));
+    }
+    Err(PyValueError::new_err(format!(
+        "configuration field `{field}`: unsupported value of type {}",
+        type_name(obj)
+    )))
+}
+
+/// The field names of a serde struct with defaults.
+fn field_names<T: Serialize + Default>() -> Vec<String> {
+    match serde_json::to_value(T::default()) {
+        Ok(Value::Object(map)) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Splits keyword arguments into a manager configuration and a tier
+/// configuration, naming any unknown or ill-typed field in a `ValueError`.
+pub(crate) fn split_config<M, T>(
+    tier_label: &str,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(M, T)>
+where
+    M: Serialize + DeserializeOwned + Default,
+    T: Serialize + DeserializeOwned + Default,
+{
+    let manager_fields = field_names::<M>();
+    let tier_fields = field_names::<T>();
+    let mut manager = Map::new();
+    let mut tier = Map::new();
+    if let Some(kwargs) = kwargs {
+        for (name, value) in kwargs.iter() {
+            let name: String = name.extract()?;
+            let json = to_json(&name, &value)?;
+            let is_manager = manager_fields.contains(&name);
+            if !is_manager && !tier_fields.contains(&name) {
+                let mut known: Vec<&str> = manager_fields
+                    .iter()
+                    .chain(tier_fields.iter())
+                    .map(String::as_str)
+                    .collect();
+                known.sort_unstable();
+                return Err(PyValueError::new_err(format!(
+                    "unknown configuration field `{name}` for the {tier_label} manager; known fields: {}",
+                    known.join(", ")
+                )));
+            }
+            // Deserialize the field alone first, so an ill-typed value is
+            // reported with its field's name.
+            let mut alone = Map::new();
+            alone.insert(name.clone(), json.clone());
+            let checked = if is_manager {
+                serde_json::from_value::<M>(Value::Object(alone)).map(drop)
+            } else {
+                serde_json::from_value::<T>(Value::Object(alone)).map(drop)
+            };
+            if let Err(e) = checked {
+                return Err(field_error(&name, &e));
+            }
+            let target = if is_manager { &mut manager } else { &mut tier };
+            target.insert(name, json);
+        }
+    }
+    let m = serde_json::from_value::<M>(Value::Object(manager))
+        .map_err(|e| PyValueError::new_err(format!("invalid configuration: {e}")))?;
+    let t = serde_json::from_value::<T>(Value::Object(tier))
+        .map_err(|e| PyValueError::new_err(format!("invalid configuration: {e}")))?;
+    Ok((m, t))
+}
+
+fn field_error(name: &str, e: &serde_json::Error) -> PyErr {
+    PyValueError::new_err(format!("configuration field `{name}`: {e}"))
+}
+
+/// A JSON value as a Python object (for stats).
+pub(crate) fn from_json<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(from_json(py, item)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, from_json(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}

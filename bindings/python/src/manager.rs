@@ -1,0 +1,525 @@
+//! `_Manager`: the one native class behind `kvtier.AsyncLookupManager` and
+//! the native Redis / S3 / disk managers.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
+
+use lookup_core::{
+    AsyncLookupManager, Blocking, DynLookupManager, LookupError, LookupVerdict, ManagerConfig,
+    ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
+};
+use tier_disk::{DiskConfig, DiskTier};
+use tier_redis::{RedisConfig, RedisTier};
+use tier_s3::S3Config;
+
+use crate::convert;
+use crate::native::{self, Native};
+use crate::pytier::{PyCalls, PyTier};
+use crate::{KvtierError, ShutDownError};
+
+/// How long a lookup waits for a returned `batch_lookup`'s answers to be
+/// published (microseconds in practice; bounded for a stopped worker).
+const PUBLISH_WAIT: Duration = Duration::from_millis(200);
+
+/// The manager and the request contexts seen, behind one lock.
+pub(crate) struct Core {
+    pub(crate) manager: Box<dyn DynLookupManager>,
+    /// `req_context` objects by identity, with their contexts: a scheduler
+    /// passes the same object for a request step after step, so an identity
+    /// check saves reading `req_id` (a Python attribute) on each call. The
+    /// object is held, so its address cannot be reused while it is here;
+    /// `cleanup(req_id)` removes it. A context's `req_id` must not change.
+    contexts: HashMap<usize, (Py<PyAny>, ReqContext), BuildHasherDefault<AddressHasher>>,
+}
+
+/// Bounds the context cache: past this many live objects it starts afresh.
+const MAX_CACHED_CONTEXTS: usize = 16_384;
+
+/// Hashes an object address (already unique; mix the low bits away).
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl Core {
+    fn new(manager: Box<dyn DynLookupManager>) -> Self {
+        Self {
+            manager,
+            contexts: HashMap::default(),
+        }
+    }
+}
+
+/// Everything a manager object owns once initialised.
+pub(crate) struct Inner {
+    core: Mutex<Core>,
+    pub(crate) tier_name: String,
+    py_calls: Option<Arc<PyCalls>>,
+    pub(crate) native: Native,
+    shut_down: AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.shut_down.load(Ordering::Acquire) {
+            Python::with_gil(|py| {
+                shutdown(py, self);
+            });
+        }
+    }
+}
+
+impl Inner {
+    /// Runs `f` on the core; waits for the lock without the GIL.
+    #[inline]
+    pub(crate) fn with_core<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Core) -> R + Send,
+    ) -> R {
+        if let Ok(mut core) = self.core.try_lock() {
+            return f(&mut core);
+        }
+        py.allow_threads(|| f(&mut self.lock()))
+    }
+
+    /// Locks the core (poisoning is ignored: the state stays consistent).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[inline]
+    fn before_lookup(&self, py: Python<'_>) {
+        if let Some(calls) = &self.py_calls
+            && !self.shut_down.load(Ordering::Acquire)
+        {
+            calls.wait_published(py, PUBLISH_WAIT);
+        }
+    }
+
+    /// Converts and checks `ctx`, then runs `f` with the manager and the context.
+    #[inline]
+    fn with_ctx<R: Send>(
+        &self,
+        py: Python<'_>,
+        ctx: &Bound<'_, PyAny>,
+        f: impl FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R + Send,
+    ) -> PyResult<R> {
+        let ptr = ctx.as_ptr() as usize;
+        // Fast path: an object seen before.
+        if let Ok(mut guard) = self.core.try_lock() {
+            let core = &mut *guard;
+            if let Some((_, rc)) = core.contexts.get(&ptr) {
+                return Ok(f(core.manager.as_mut(), rc));
+            }
+        }
+        let req_id: Arc<str> = Arc::from(convert::req_id(ctx)?);
+        if let Some(calls) = &self.py_calls {
+            calls.remember(&req_id, ctx);
+        }
+        let rc = ReqContext::new(req_id);
+        let keep = ctx.clone().unbind();
+        let (result, replaced) = self.with_core(py, move |core| {
+            let mut replaced: Vec<Py<PyAny>> = Vec::new();
+            if core.contexts.len() >= MAX_CACHED_CONTEXTS {
+                replaced.extend(core.contexts.drain().map(|(_, (obj, _))| obj));
+            }
+            if let Some((obj, _)) = core.contexts.insert(ptr, (keep, rc.clone())) {
+                replaced.push(obj);
+            }
+            (f(core.manager.as_mut(), &rc), replaced)
+        });
+        // Released after the lock: a finalizer may run Python code.
+        drop(replaced);
+        Ok(result)
+    }
+}
+
+pub(crate) fn lookup_err(e: LookupError) -> PyErr {
+    match e {
+        LookupError::ShutDown { .. } => ShutDownError::new_err(e.to_string()),
+        LookupError::InvalidKey { .. } => PyValueError::new_err(e.to_string()),
+        other => KvtierError::new_err(other.to_string()),
+    }
+}
+
+fn verdict(py: Python<'_>, v: LookupVerdict) -> PyObject {
+    match v {
+        LookupVerdict::Hit => PyBool::new(py, true).to_owned().into_any().unbind(),
+        LookupVerdict::Miss => PyBool::new(py, false).to_owned().into_any().unbind(),
+        LookupVerdict::Pending => py.None(),
+    }
+}
+
+/// Configuration of a manager over a Python `batch_lookup`: only the
+/// manager's own fields.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoTierFields {}
+
+/// The native base of every kvtier manager class; use the subclasses in
+/// the `kvtier` package.
+#[pyclass(
+    subclass,
+    frozen,
+    weakref,
+    module = "kvtier._kvtier",
+    name = "_Manager"
+)]
+pub(crate) struct PyManager {
+    inner: OnceLock<Arc<Inner>>,
+}
+
+impl PyManager {
+    #[inline]
+    pub(crate) fn inner(&self) -> PyResult<&Arc<Inner>> {
+        self.inner.get().ok_or_else(|| {
+            PyRuntimeError::new_err(
+                "the manager is not initialised: a subclass's __init__ must call super().__init__(tier_type=...)",
+            )
+        })
+    }
+
+    fn install(&self, inner: Inner) -> PyResult<()> {
+        self.inner
+            .set(Arc::new(inner))
+            .map_err(|_| PyRuntimeError::new_err("the manager is already initialised"))
+    }
+}
+
+fn manager_config(mut cfg: ManagerConfig, name: &str) -> ManagerConfig {
+    cfg = cfg.or_named(name);
+    cfg
+}
+
+fn build_err(e: lookup_core::ManagerError) -> PyErr {
+    match e {
+        lookup_core::ManagerError::InvalidConfig { .. } => PyValueError::new_err(e.to_string()),
+        other => KvtierError::new_err(other.to_string()),
+    }
+}
+
+#[pymethods]
+impl PyManager {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Self {
+            inner: OnceLock::new(),
+        }
+    }
+
+    /// Starts a manager whose tier is this object's `batch_lookup`.
+    #[pyo3(signature = (tier_type, config))]
+    fn _init_python_tier(
+        slf: &Bound<'_, Self>,
+        tier_type: &Bound<'_, PyAny>,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let tier_type: String = tier_type
+            .extract()
+            .map_err(|_| PyTypeError::new_err("tier_type must be a str"))?;
+        let (cfg, NoTierFields {}) =
+            convert::split_config::<ManagerConfig, NoTierFields>(&tier_type, config)?;
+        let cfg = manager_config(cfg, &tier_type);
+        let weak = PyWeakrefReference::new(slf.as_any())?.unbind();
+        let calls = Arc::new(PyCalls::default());
+        let tier = Arc::new(Blocking::new(PyTier::new(weak, Arc::clone(&calls))));
+        let hook_calls = Arc::clone(&calls);
+        let tier_name = cfg.tier_name.clone();
+        let manager = AsyncLookupManager::with_wake_hook(tier, cfg, move || {
+            hook_calls.on_published();
+        })
+        .map_err(build_err)?;
+        slf.get().install(Inner {
+            core: Mutex::new(Core::new(Box::new(manager))),
+            tier_name,
+            py_calls: Some(calls),
+            native: Native::None,
+            shut_down: AtomicBool::new(false),
+        })
+    }
+
+    /// Starts a native manager: `kind` is "redis", "s3" or "disk".
+    #[pyo3(signature = (kind, config))]
+    fn _init_native(
+        slf: &Bound<'_, Self>,
+        kind: &str,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let (manager, native, tier_name): (Box<dyn DynLookupManager>, Native, String) = match kind {
+            "redis" => {
+                let (cfg, tcfg) =
+                    convert::split_config::<ManagerConfig, RedisConfig>(kind, config)?;
+                let tier = Arc::new(RedisTier::new(tcfg).map_err(native::config_err)?);
+                let m = tier.manager(cfg).map_err(build_err)?;
+                let name = m.tier_name().to_owned();
+                (Box::new(m), Native::Redis(tier), name)
+            }
+            "s3" => {
+                let (cfg, tcfg) = convert::split_config::<ManagerConfig, S3Config>(kind, config)?;
+                let tier = Arc::new(native::new_s3(py, tcfg)?);
+                let m = tier.manager(cfg).map_err(build_err)?;
+                let name = m.tier_name().to_owned();
+                (Box::new(m), Native::S3(tier), name)
+            }
+            "disk" => {
+                let (cfg, tcfg) = convert::split_config::<ManagerConfig, DiskConfig>(kind, config)?;
+                let tier = Arc::new(
+                    py.allow_threads(|| DiskTier::open(tcfg))
+                        .map_err(native::config_err)?,
+                );
+                let m = tier.manager(cfg).map_err(build_err)?;
+                let name = m.tier_name().to_owned();
+                (Box::new(m), Native::Disk(tier), name)
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown native tier `{other}`: expected redis, s3 or disk"
+                )));
+            }
+        };
+        slf.get().install(Inner {
+            core: Mutex::new(Core::new(manager)),
+            tier_name,
+            py_calls: None,
+            native,
+            shut_down: AtomicBool::new(false),
+        })
+    }
+
+    /// The tier's name.
+    #[getter]
+    fn tier_type(&self) -> PyResult<String> {
+        Ok(self.inner()?.tier_name.clone())
+    }
+
+    /// `True` (present), `False` (absent) or `None` (pending: retry next step).
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        req_context: &Bound<'_, PyAny>,
+    ) -> PyResult<PyObject> {
+        let inner = self.inner()?;
+        let key = convert::key(key)?;
+        inner.before_lookup(py);
+        let v = inner
+            .with_ctx(py, req_context, |m, ctx| m.lookup(&key, ctx))?
+            .map_err(lookup_err)?;
+        Ok(verdict(py, v))
+    }
+
+    /// One answer per key, as `lookup` would give.
+    fn lookup_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        req_context: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let inner = self.inner()?;
+        let keys = convert::keys(keys)?;
+        inner.before_lookup(py);
+        let verdicts = inner
+            .with_ctx(py, req_context, |m, ctx| {
+                keys.iter()
+                    .map(|k| m.lookup(k, ctx))
+                    .collect::<Result<Vec<_>, _>>()
+            })?
+            .map_err(lookup_err)?;
+        PyList::new(py, verdicts.into_iter().map(|v| verdict(py, v)))
+    }
+
+    /// How many leading keys exist, or `None` while one before the first
+    /// miss is pending.
+    fn lookup_prefix(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        req_context: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let inner = self.inner()?;
+        let keys = convert::keys(keys)?;
+        inner.before_lookup(py);
+        let v = inner
+            .with_ctx(py, req_context, |m, ctx| m.lookup_prefix(&keys, ctx))?
+            .map_err(lookup_err)?;
+        Ok(match v {
+            PrefixVerdict::Ready(n) => Some(n),
+            PrefixVerdict::Pending => None,
+        })
+    }
+
+    /// Hands this step's new keys to the worker (once per step).
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner()?;
+        inner.with_core(py, |core| core.manager.flush());
+        Ok(())
+    }
+
+    /// Applies results that have arrived.
+    fn drain_results(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner()?;
+        inner.before_lookup(py);
+        inner.with_core(py, |core| core.manager.drain_results());
+        Ok(())
+    }
+
+    /// Forces `keys` to answer `False` after a failed load.
+    fn mark_miss(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let inner = self.inner()?;
+        let keys = convert::keys(keys)?;
+        inner.with_core(py, |core| core.manager.mark_miss(&keys));
+        Ok(())
+    }
+
+    /// Releases request `req_id`; an unknown id is a no-op.
+    fn cleanup(&self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let inner = self.inner()?;
+        let req_id: String = req_id
+            .extract()
+            .map_err(|_| PyTypeError::new_err("req_id must be a str"))?;
+        let dropped: Vec<Py<PyAny>> = inner.with_core(py, |core| {
+            core.manager.cleanup(&req_id);
+            core.contexts
+                .extract_if(|_, (_, ctx)| ctx.req_id() == req_id)
+                .map(|(_, (obj, _))| obj)
+                .collect()
+        });
+        drop(dropped);
+        if let Some(calls) = &inner.py_calls {
+            drop(calls.forget(&req_id));
+        }
+        Ok(())
+    }
+
+    /// Counters and time-to-verdict percentiles, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let inner = self.inner()?;
+        let stats = inner.with_core(py, |core| core.manager.stats());
+        stats_dict(py, &stats)
+    }
+
+    /// Stops the worker, within `shutdown_timeout_ms` whatever the tier does.
+    /// Idempotent. Afterwards `lookup`, `lookup_many`, `lookup_prefix`,
+    /// `store`, `load` and `remove` raise `kvtier.ShutDownError`; `flush` and
+    /// `drain_results` do nothing; `cleanup`, `mark_miss` and `stats` work.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner()?;
+        shutdown(py, inner);
+        Ok(())
+    }
+
+    /// Whether `shutdown` has run.
+    fn is_shut_down(&self) -> PyResult<bool> {
+        Ok(self.inner()?.shut_down.load(Ordering::Acquire))
+    }
+
+    fn _store(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let inner = self.inner()?;
+        let key = native_key(inner, key)?;
+        let data = data
+            .downcast::<PyBytes>()
+            .map_err(|_| PyTypeError::new_err("data must be bytes"))?
+            .as_bytes()
+            .to_vec();
+        self.check_open(py, inner)?;
+        native::store(py, &inner.native, &key, data)
+    }
+
+    fn _load<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let inner = self.inner()?;
+        let key = native_key(inner, key)?;
+        self.check_open(py, inner)?;
+        Ok(native::load(py, &inner.native, &key)?.map(|data| PyBytes::new(py, &data)))
+    }
+
+    fn _remove(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let inner = self.inner()?;
+        let key = native_key(inner, key)?;
+        self.check_open(py, inner)?;
+        native::remove(py, &inner.native, &key)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.inner.get() {
+            Some(inner) => format!("<kvtier manager {:?}>", inner.tier_name),
+            None => "<kvtier manager (not initialised)>".to_owned(),
+        }
+    }
+}
+
+impl PyManager {
+    fn check_open(&self, _py: Python<'_>, inner: &Inner) -> PyResult<()> {
+        if inner.shut_down.load(Ordering::Acquire) {
+            return Err(ShutDownError::new_err(format!(
+                "the lookup manager for tier '{}' is shut down",
+                inner.tier_name
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn native_key(inner: &Inner, key: &Bound<'_, PyAny>) -> PyResult<OffloadKey> {
+    let key = convert::key(key)?;
+    if key.is_empty() {
+        return Err(PyValueError::new_err("a key must not be empty"));
+    }
+    if matches!(inner.native, Native::None) {
+        return Err(PyTypeError::new_err(
+            "store, load and remove need a native manager (Redis, S3 or disk)",
+        ));
+    }
+    Ok(key)
+}
+
+pub(crate) fn shutdown(py: Python<'_>, inner: &Inner) -> ShutdownReport {
+    // Without the GIL: a Python batch_lookup still running may need it to
+    // finish within the grace period.
+    inner.shut_down.store(true, Ordering::Release);
+    py.allow_threads(|| inner.lock().manager.shutdown())
+}
+
+pub(crate) fn stats_dict<'py>(
+    py: Python<'py>,
+    stats: &ManagerStats,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut value = serde_json::to_value(stats)
+        .map_err(|e| KvtierError::new_err(format!("could not convert stats: {e}")))?;
+    if let serde_json::Value::Object(map) = &mut value {
+        let ttv = stats.time_to_verdict;
+        map.insert("time_to_verdict_p50_us".into(), ttv.p50_us.into());
+        map.insert("time_to_verdict_p99_us".into(), ttv.p99_us.into());
+    }
+    convert::from_json(py, &value)
+}

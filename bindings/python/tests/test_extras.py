@@ -1,0 +1,130 @@
+"""Beyond the reference: lookup_many, lookup_prefix, TierStack, stats, config."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvtier
+from conftest import InMemoryLookupManager, ReqContext, key, require_env, resolve, wait_for
+from test_native import unique_prefix
+
+
+def settle(m, keys, ctx):
+    """Looks `keys` up until every one has an answer."""
+    m.lookup_many(keys, ctx)
+    m.flush()
+    wait_for(lambda: None not in m.lookup_many(keys, ctx), "every key to resolve")
+
+
+def test_lookup_many_answers_each_key_like_lookup(ctx):
+    m = InMemoryLookupManager(existing_keys=[key(0), key(2)])
+    try:
+        keys = [key(i) for i in range(4)]
+        assert m.lookup_many(keys, ctx) == [None] * 4
+        assert m.lookup_many((k for k in keys), ctx) == [None] * 4  # any iterable
+        settle(m, keys, ctx)
+        assert m.lookup_many(keys, ctx) == [True, False, True, False]
+        assert [m.lookup(k, ctx) for k in keys] == [True, False, True, False]
+        assert m.lookup_many([], ctx) == []
+        with pytest.raises(TypeError):
+            m.lookup_many(key(0), ctx)  # one bytes value, not a list
+    finally:
+        m.shutdown()
+
+
+def test_lookup_prefix_counts_leading_hits_or_is_pending(ctx):
+    m = InMemoryLookupManager(existing_keys=[key(0), key(1), key(3)])
+    try:
+        keys = [key(i) for i in range(5)]
+        assert m.lookup_prefix(keys, ctx) is None
+        m.flush()
+        wait_for(lambda: m.lookup_prefix(keys, ctx) is not None, "the prefix")
+        assert m.lookup_prefix(keys, ctx) == 2
+        assert m.lookup_prefix([], ctx) == 0
+    finally:
+        m.shutdown()
+
+
+def test_stats_report_counters_and_time_to_verdict(ctx):
+    m = InMemoryLookupManager(existing_keys=[key(0)])
+    try:
+        settle(m, [key(0), key(1)], ctx)
+        s = m.stats()
+        for field in ("lookups", "hits", "misses", "errors", "timeouts", "deferred",
+                      "time_to_verdict_p50_us", "time_to_verdict_p99_us"):
+            assert field in s, field
+        assert (s["hits"], s["misses"], s["errors"], s["timeouts"], s["deferred"]) == (1, 1, 0, 0, 0)
+        assert s["lookups"] >= 4
+        assert s["tier"] == "memory"
+        assert s["time_to_verdict"]["count"] == 2
+        assert 0 < s["time_to_verdict_p50_us"] <= s["time_to_verdict_p99_us"]
+    finally:
+        m.shutdown()
+
+
+def test_manager_config_keywords_are_applied(ctx):
+    m = InMemoryLookupManager(tier_type="mem2", tier_name="named", max_key_len=4)
+    try:
+        assert m.tier_type == "named"
+        with pytest.raises(ValueError):
+            m.lookup(b"12345", ctx)
+    finally:
+        m.shutdown()
+
+
+def test_a_tier_stack_says_which_tier_holds_each_leading_block(ctx):
+    near = InMemoryLookupManager(tier_type="near", existing_keys=[key(0), key(1)])
+    far = InMemoryLookupManager(tier_type="far", existing_keys=[key(0), key(2), key(3)])
+    stack = kvtier.TierStack([near, far])
+    try:
+        keys = [key(i) for i in range(5)]
+        assert stack.tier_names() == ["near", "far"]
+        assert len(stack) == 2
+        assert stack.lookup_prefix(keys, ctx) is None
+        stack.flush()
+        wait_for(lambda: stack.lookup_prefix(keys, ctx) is not None, "the stack's answer")
+        assert stack.lookup_prefix(keys, ctx) == [0, 0, 1, 1]
+        stack.mark_miss(0, [key(1)])  # a failed load from "near"
+        assert stack.lookup_prefix(keys, ctx) in (None, [0])
+        assert [s["tier"] for s in stack.stats()] == ["near", "far"]
+        stack.cleanup("req-0")
+        assert all(s["tracked_requests"] == 0 for s in stack.stats())
+        with pytest.raises(TypeError):
+            stack.lookup_prefix(keys, object())
+    finally:
+        stack.shutdown()
+    with pytest.raises(kvtier.ShutDownError):
+        near.lookup(key(0), ctx)
+
+
+def test_a_tier_stack_of_native_disk_and_redis(tmp_path, ctx):
+    (url,) = require_env("KVTIER_REDIS_URL")
+    disk = kvtier.DiskLookupManager(path=str(tmp_path / "d"), fsync="never")
+    redis = kvtier.RedisLookupManager(url=url, key_prefix=unique_prefix())
+    stack = kvtier.TierStack([disk, redis], policy="prefer_earlier_tiers")
+    try:
+        disk.store(key(0), b"a")
+        redis.store(key(0), b"a")
+        redis.store(key(1), b"b")
+        keys = [key(0), key(1), key(2)]
+        assert stack.lookup_prefix(keys, ctx) is None
+        stack.flush()
+        wait_for(lambda: stack.lookup_prefix(keys, ctx) is not None, "the stack's answer")
+        assert stack.lookup_prefix(keys, ctx) == [0, 1]
+        redis.remove(key(0))
+        redis.remove(key(1))
+    finally:
+        stack.shutdown()
+
+
+def test_tier_stack_rejects_what_is_not_a_manager():
+    with pytest.raises(TypeError):
+        kvtier.TierStack([object()])
+    with pytest.raises(ValueError):
+        kvtier.TierStack([])
+    m = InMemoryLookupManager()
+    try:
+        with pytest.raises(ValueError, match="policy"):
+            kvtier.TierStack([m], policy="fastest")
+    finally:
+        m.shutdown()

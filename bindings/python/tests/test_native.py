@@ -1,0 +1,204 @@
+"""The native managers against the real test services: store, lookup, load."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+
+import pytest
+
+import kvtier
+from conftest import GUARD, ReqContext, key, require_env, resolve
+
+
+def unique_prefix() -> str:
+    return f"kvtier-py-{uuid.uuid4().hex[:12]}:"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_single():
+    (url,) = require_env("KVTIER_REDIS_URL")
+    return kvtier.RedisLookupManager(url=url, key_prefix=unique_prefix())
+
+
+def redis_cluster():
+    (urls,) = require_env("KVTIER_REDIS_CLUSTER_URLS")
+    return kvtier.RedisLookupManager(cluster_urls=urls.split(","), key_prefix=unique_prefix())
+
+
+def redis_tls():
+    url, ca = require_env("KVTIER_REDIS_TLS_URL", "KVTIER_REDIS_TLS_CA")
+    return kvtier.RedisLookupManager(url=url, tls_ca_cert=ca, key_prefix=unique_prefix())
+
+
+def s3():
+    endpoint, bucket = require_env("KVTIER_S3_ENDPOINT", "KVTIER_S3_BUCKET")
+    return kvtier.S3LookupManager(
+        bucket=bucket, endpoint=endpoint, force_path_style=True, prefix=unique_prefix().replace(":", "/")
+    )
+
+
+def disk(tmp_path):
+    return kvtier.DiskLookupManager(path=str(tmp_path / "tier"), fsync="never")
+
+
+@pytest.fixture(params=["redis", "redis_cluster", "redis_tls", "s3", "disk"])
+def native(request, tmp_path):
+    build = {
+        "redis": redis_single,
+        "redis_cluster": redis_cluster,
+        "redis_tls": redis_tls,
+        "s3": s3,
+        "disk": lambda: disk(tmp_path),
+    }[request.param]
+    m = build()
+    yield m
+    m.shutdown()
+
+
+def test_store_then_lookup_then_load(native):
+    ctx = ReqContext("r")
+    stored = [key(i) for i in range(5)]
+    for i, k in enumerate(stored):
+        native.store(k, b"block-%d" % i)
+    absent = key(100)
+    assert native.load(absent) is None
+    assert native.lookup_many(stored + [absent], ctx) == [None] * 6
+    native.flush()
+    for k in stored:
+        assert resolve(native, k, ctx) is True
+    assert resolve(native, absent, ctx) is False
+    assert native.lookup_prefix(stored + [absent] + stored, ctx) == 5
+    for i, k in enumerate(stored):
+        assert native.load(k) == b"block-%d" % i
+    native.remove(stored[0])
+    assert native.load(stored[0]) is None
+    stats = native.stats()
+    assert (stats["hits"], stats["misses"], stats["errors"]) == (5, 1, 0), stats
+    native.cleanup("r")
+
+
+def test_store_load_reject_bad_keys_and_data(native):
+    with pytest.raises(TypeError):
+        native.store("not bytes", b"x")
+    with pytest.raises(TypeError):
+        native.store(key(1), "not bytes")
+    with pytest.raises(TypeError):
+        native.load(bytearray(key(1)))
+
+
+def test_store_and_load_after_shutdown_raise(tmp_path):
+    m = disk(tmp_path)
+    m.store(key(1), b"x")
+    m.shutdown()
+    with pytest.raises(kvtier.ShutDownError):
+        m.load(key(1))
+    with pytest.raises(kvtier.ShutDownError):
+        m.store(key(1), b"x")
+    with pytest.raises(kvtier.ShutDownError):
+        m.lookup(key(1), ReqContext("r"))
+
+
+def test_disk_key_size_is_checked_as_a_typed_error(tmp_path):
+    m = disk(tmp_path)
+    try:
+        with pytest.raises(kvtier.TierError, match="key"):
+            m.store(b"short", b"x")
+        # Inside lookups, a wrong-size key is a counted error, not an exception.
+        assert resolve(m, b"short", ReqContext("r")) is False
+        assert m.stats()["errors"] == 1
+    finally:
+        m.shutdown()
+
+
+def test_an_unreachable_redis_is_a_typed_error_and_a_counted_error_in_lookups():
+    url = f"redis://127.0.0.1:{free_port()}/"
+    m = kvtier.RedisLookupManager(url=url, connect_timeout_ms=200, response_timeout_ms=200,
+                                  call_timeout_ms=1000)
+    ctx = ReqContext("r")
+    try:
+        start = time.monotonic()
+        with pytest.raises(kvtier.TierError):
+            m.store(key(1), b"x")
+        with pytest.raises(kvtier.TierError):
+            m.load(key(1))
+        assert time.monotonic() - start < GUARD
+        assert resolve(m, key(1), ctx) is False
+        stats = m.stats()
+        assert stats["errors"] + stats["timeouts"] == 1 and stats["misses"] == 0, stats
+    finally:
+        m.shutdown()
+
+
+def test_rejected_redis_credentials_are_a_typed_error():
+    (url,) = require_env("KVTIER_REDIS_URL")
+    m = kvtier.RedisLookupManager(url=url, username="nobody", password="wrong",
+                                  key_prefix=unique_prefix())
+    try:
+        with pytest.raises(kvtier.TierError):
+            m.store(key(1), b"x")
+        assert resolve(m, key(1), ReqContext("r")) is False
+        assert m.stats()["errors"] + m.stats()["timeouts"] == 1
+    finally:
+        m.shutdown()
+
+
+def test_rejected_s3_credentials_are_a_typed_error():
+    endpoint, bucket = require_env("KVTIER_S3_ENDPOINT", "KVTIER_S3_BUCKET")
+    m = kvtier.S3LookupManager(bucket=bucket, endpoint=endpoint, force_path_style=True,
+                               access_key_id="nobody", secret_access_key="wrong-secret",
+                               max_attempts=1, prefix=unique_prefix().replace(":", "/"))
+    try:
+        with pytest.raises(kvtier.TierError):
+            m.store(key(1), b"x")
+        with pytest.raises(kvtier.TierError):
+            m.load(key(1))
+        assert resolve(m, key(1), ReqContext("r")) is False
+        assert m.stats()["errors"] == 1
+    finally:
+        m.shutdown()
+
+
+def test_the_native_managers_are_seen_by_redis_py():
+    """A block stored through kvtier is the Redis key `prefix + key`."""
+    (url,) = require_env("KVTIER_REDIS_URL")
+    import redis
+
+    prefix = unique_prefix()
+    m = kvtier.RedisLookupManager(url=url, key_prefix=prefix)
+    client = redis.Redis.from_url(url)
+    try:
+        m.store(key(7), b"payload")
+        assert client.get(prefix.encode() + key(7)) == b"payload"
+        client.set(prefix.encode() + key(8), b"from-redis-py")
+        assert resolve(m, key(8), ReqContext("r")) is True
+        assert m.load(key(8)) == b"from-redis-py"
+    finally:
+        client.delete(prefix.encode() + key(7), prefix.encode() + key(8))
+        m.shutdown()
+
+
+def test_an_unreachable_s3_is_a_typed_error_and_a_counted_error_in_lookups():
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    m = kvtier.S3LookupManager(bucket="kvtier-nowhere", endpoint=endpoint, force_path_style=True,
+                               access_key_id="a", secret_access_key="b", max_attempts=1,
+                               connect_timeout_ms=200, request_timeout_ms=300)
+    try:
+        start = time.monotonic()
+        with pytest.raises(kvtier.TierError):
+            m.store(key(1), b"x")
+        with pytest.raises(kvtier.TierError):
+            m.load(key(1))
+        assert time.monotonic() - start < GUARD
+        assert resolve(m, key(1), ReqContext("r")) is False
+        stats = m.stats()
+        assert stats["errors"] + stats["timeouts"] == 1 and stats["misses"] == 0, stats
+    finally:
+        m.shutdown()
