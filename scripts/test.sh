@@ -35,6 +35,9 @@ export PROPTEST_CASES="${PROPTEST_CASES:-1024}"
 echo "== cargo test (unit, integration, doc)"
 cargo test --workspace --locked --all-features
 
+echo "== Python package (bindings/python: its own venv, maturin, pytest)"
+bash bindings/python/test.sh
+
 echo "== examples (short runs)"
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 64
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 60 \
