@@ -139,7 +139,15 @@ fn an_unreachable_s3_endpoint_fails_at_start_up() {
 #[test]
 fn an_s3_endpoint_that_is_not_a_url_is_a_configuration_error() {
     let out = sim_with_keys(&["--s3", "kvtier-test", "--s3-endpoint", "not-a-url"]);
-    assert_one_line_cause(&out, &["scheduler_sim: s3 tier:", "not-a-url", "endpoint"]);
+    assert_one_line_cause(
+        &out,
+        &[
+            "scheduler_sim: s3 tier:",
+            "not-a-url",
+            "endpoint",
+            "http:// or https://",
+        ],
+    );
 }
 
 #[test]

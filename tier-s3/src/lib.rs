@@ -226,7 +226,10 @@ impl S3Config {
         {
             return Err(S3TierError::InvalidConfig {
                 field: "endpoint",
-                reason: format!("is a bad endpoint: {}: {why}", redact_endpoint(endpoint)),
+                reason: format!(
+                    "is a bad endpoint: {}: {why} (accepted: an http:// or https:// URL with a host, e.g. http://127.0.0.1:9000)",
+                    redact_endpoint(endpoint)
+                ),
             });
         }
         // Requests wait on tokio semaphores of this many permits.
