@@ -102,6 +102,10 @@ fn a_pending_preferred_tier_keeps_the_answer_pending_unless_the_policy_says_othe
         StackVerdict::Ready { locations: vec![0] }
     );
 
+    // Now `near` never answers this request (its call runs until the
+    // deadline), so `far` answers first however slow the machine is.
+    let ctx = ReqContext::new("r-hang");
+    near.set_request_fault("r-hang", RequestFault::Hang);
     let mut first = stack(StackPolicy::FirstResolvedHit, &[&near, &far]);
     first.lookup_prefix(&prompt, &ctx).unwrap();
     first.flush();
