@@ -56,7 +56,11 @@ pub fn resolved(n: u64, ctx: &ReqContext) -> (Ledger, Vec<OffloadKey>) {
 
 /// The w2 step shape: `requests` requests of `per_request` keys, half of
 /// each request's keys shared by groups of 4 requests.
-pub fn step_keys(step: u64, requests: usize, per_request: usize) -> Vec<(ReqContext, Vec<OffloadKey>)> {
+pub fn step_keys(
+    step: u64,
+    requests: usize,
+    per_request: usize,
+) -> Vec<(ReqContext, Vec<OffloadKey>)> {
     let base = step << 32;
     (0..requests)
         .map(|r| {

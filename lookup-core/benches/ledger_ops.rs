@@ -35,11 +35,7 @@ fn measured_w1(l: &mut Ledger, keys: &[OffloadKey], order: &[u32], ctx: &ReqCont
 }
 
 #[inline(never)]
-fn measured_w2_step(
-    l: &mut Ledger,
-    cohorts: &mut [Cohort],
-    now: Instant,
-) -> usize {
+fn measured_w2_step(l: &mut Ledger, cohorts: &mut [Cohort], now: Instant) -> usize {
     let mut lazy = LazyNow::at(now);
     let mut resolved = 0;
     for (ctx, keys, done) in cohorts.iter_mut().flatten() {
