@@ -175,6 +175,21 @@ enum Phase {
     Failed,
 }
 
+/// Adds `slot` to a request's shared keys; whether it was new. The first
+/// one reserves room for a run of keys, rather than growing the set (and
+/// rehashing it) one key at a time.
+#[inline]
+fn share(shared: &mut SlotSet, slot: Slot) -> bool {
+    if shared.capacity() == 0 {
+        shared.reserve(RUN_CAPACITY);
+    }
+    shared.insert(slot)
+}
+
+/// Room reserved for a request's keys when it first looks one up (grows
+/// as usual past it).
+const RUN_CAPACITY: usize = 16;
+
 /// A request serial no request has: the "no request" mark of an entry.
 const NO_REQUEST: u32 = u32::MAX;
 
@@ -523,7 +538,13 @@ impl Batch {
             _ => self.runs.push(BatchRun {
                 request: (request, serial),
                 ctx: ctx.clone(),
-                probes: vec![probe],
+                probes: {
+                    // A scheduler looks up a request's keys together:
+                    // start with room for a typical run, not one key.
+                    let mut probes = Vec::with_capacity(RUN_CAPACITY);
+                    probes.push(probe);
+                    probes
+                },
             }),
         }
         self.len += 1;
@@ -785,6 +806,9 @@ impl Ledger {
             self.next_generation += 1;
             self.batch.push(request, serial, ctx, (slot, generation));
             if let Some(req) = self.request_slab.get_mut(request) {
+                if req.created.capacity() == 0 {
+                    req.created.reserve_exact(RUN_CAPACITY);
+                }
                 req.created.push(slot);
             }
             return LookupVerdict::Pending;
@@ -799,7 +823,7 @@ impl Ledger {
             if let Some(cold) = keys.cold.get_mut(slot as usize)
                 && cold.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
-                && req.shared.insert(slot)
+                && share(&mut req.shared, slot)
             {
                 cold.refs += 1;
             }
