@@ -117,7 +117,19 @@ impl OffloadKey {
 impl PartialEq for OffloadKey {
     #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.as_bytes() == other.as_bytes()
+        if self.hash != other.hash {
+            return false;
+        }
+        match (&self.repr, &other.repr) {
+            // Inline bytes past `len` are always zero (see `new`), so the
+            // whole fixed-size arrays compare: no call to memcmp.
+            (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
+                // OR of XORs: branch-free and vectorised.
+                let diff = x.iter().zip(y).fold(0u8, |acc, (p, q)| acc | (p ^ q));
+                a == b && diff == 0
+            }
+            _ => self.as_bytes() == other.as_bytes(),
+        }
     }
 }
 
@@ -303,6 +315,21 @@ mod tests {
         assert_eq!(&key.as_bytes()[32..], &[1, 2, 3, 4]);
         assert!(key.to_hex().starts_with("abab"));
         assert!(key.to_hex().ends_with("01020304"));
+    }
+
+    #[test]
+    fn inline_keys_of_different_lengths_differ() {
+        // Same leading bytes, one key a zero-padded prefix of the other.
+        let short = OffloadKey::new(&[1, 2, 3]);
+        let long = OffloadKey::new(&[1, 2, 3, 0]);
+        assert_ne!(short, long);
+        assert_eq!(short, OffloadKey::new(&[1, 2, 3]));
+        // The comparison also holds with the hash forced equal.
+        let forged = OffloadKey {
+            hash: short.hash,
+            repr: long.repr.clone(),
+        };
+        assert_ne!(short, forged);
     }
 
     #[test]

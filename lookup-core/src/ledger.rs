@@ -49,7 +49,12 @@
 //!
 //! Every tracked key lives in one slab entry with a stable index ("slot").
 //! The only hash probe is `lookup`'s (and `mark_miss`'s): a table of 4-byte
-//! slots keyed by the key's precomputed hash. Everything downstream (the
+//! slots keyed by the key's precomputed hash. An entry is split in two: the
+//! hot part (the key, its generation, phase and the "already asked by this
+//! request" mark) is one 64-byte, cache-line-aligned value, so a lookup of
+//! a resolved key touches one line past the table; the cold part (reference
+//! count, creator, flush and retry times) sits in a parallel array read only
+//! when a request first refers to a key, at flush, at answer and at cleanup. Everything downstream (the
 //! flush batch, queued groups, running calls, queue deadlines, a request's
 //! references) holds `(slot, generation)` pairs and reaches the entry by
 //! index; the generation check makes a pair whose slot was freed or reused
@@ -165,29 +170,39 @@ enum Phase {
     Present,
     Absent,
     ForcedMiss,
-    /// The probe failed or timed out; answer miss until `retry_at` (ledger ticks).
-    Failed {
-        retry_at: u64,
-    },
+    /// The probe failed or timed out; answer miss until the entry's
+    /// `retry_at` (ledger ticks).
+    Failed,
 }
 
+/// Adds `slot` to a request's shared keys; whether it was new. The first
+/// one reserves room for a run of keys, rather than growing the set (and
+/// rehashing it) one key at a time.
+#[inline]
+fn share(shared: &mut SlotSet, slot: Slot) -> bool {
+    if shared.capacity() == 0 {
+        shared.reserve(RUN_CAPACITY);
+    }
+    shared.insert(slot)
+}
+
+/// Room reserved for a request's keys when it first looks one up (grows
+/// as usual past it).
+const RUN_CAPACITY: usize = 16;
+
+/// A request serial no request has: the "no request" mark of an entry.
+const NO_REQUEST: u32 = u32::MAX;
+
+/// The hot part of a tracked key: what a lookup reads, in one cache line.
 #[derive(Debug)]
+#[repr(align(64))]
 struct KeyEntry {
     key: OffloadKey,
     generation: u64,
-    phase: Phase,
-    /// Requests holding a reference. Zero only while a probe runs (the key
-    /// is retained for its answer, then forgotten).
-    refs: u32,
     /// The serial of the last request that touched the key: skips the
     /// membership probe when a request asks for its own key again.
-    last_req: u64,
-    /// The serial of the request that created the entry (and holds a
-    /// reference from then until its cleanup).
-    creator: u64,
-    /// When the flush that submitted this generation happened, in ledger
-    /// ticks plus one; 0 if not flushed.
-    flushed_at: u64,
+    last_req: u32,
+    phase: Phase,
     /// Whether a verdict for this generation was already returned.
     reported: bool,
     /// The previous probe failed and this one re-checks it: answer miss
@@ -195,11 +210,105 @@ struct KeyEntry {
     revalidating: bool,
 }
 
+/// The cold part of a tracked key, at the same slot as its [`KeyEntry`].
+#[derive(Debug, Clone, Copy)]
+struct KeyCold {
+    /// Requests holding a reference. Zero only while a probe runs (the key
+    /// is retained for its answer, then forgotten).
+    refs: u32,
+    /// The serial of the request that created the entry (and holds a
+    /// reference from then until its cleanup); `NO_REQUEST` once serials
+    /// were renumbered.
+    creator: u32,
+    /// In phase `Failed`, when to probe again, in ledger ticks. In any other
+    /// phase, when the flush that submitted this generation happened, in
+    /// ledger ticks plus one; 0 if not flushed.
+    time: u64,
+}
+
+impl KeyCold {
+    fn new(creator: u32) -> Self {
+        Self {
+            refs: 1,
+            creator,
+            time: 0,
+        }
+    }
+}
+
+/// log2 of the number of values in one [`SegVec`] segment.
+const SEGMENT_SHIFT: u32 = 10;
+const SEGMENT_LEN: usize = 1 << SEGMENT_SHIFT;
+
+/// A vector in fixed segments of `SEGMENT_LEN` values, each allocated
+/// exactly: growing never copies the values and leaves at most one segment
+/// partly unused, where a doubling `Vec` leaves up to half its capacity
+/// (and the key table is most of the manager's memory).
+#[derive(Debug)]
+struct SegVec<T> {
+    segments: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Default for SegVec<T> {
+    fn default() -> Self {
+        Self {
+            segments: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> SegVec<T> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<&T> {
+        self.segments
+            .get(i >> SEGMENT_SHIFT)?
+            .get(i & (SEGMENT_LEN - 1))
+    }
+
+    #[inline]
+    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        self.segments
+            .get_mut(i >> SEGMENT_SHIFT)?
+            .get_mut(i & (SEGMENT_LEN - 1))
+    }
+
+    fn push(&mut self, value: T) {
+        match self.segments.last_mut() {
+            Some(segment) if segment.len() < SEGMENT_LEN => segment.push(value),
+            _ => {
+                let mut segment = Vec::with_capacity(SEGMENT_LEN);
+                segment.push(value);
+                self.segments.push(segment);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Stores `value` at `i` (an existing index) or at the end (`i == len`).
+    fn set(&mut self, i: usize, value: T) {
+        match self.get_mut(i) {
+            Some(v) => *v = value,
+            None => self.push(value),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.segments.clear();
+        self.len = 0;
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.segments.iter_mut().flatten()
+    }
+}
+
 /// Values with stable `u32` indices; freed indices are reused, most
 /// recently freed first (its memory is likely still cached).
 #[derive(Debug)]
 struct Slab<T> {
-    entries: Vec<Option<T>>,
+    entries: SegVec<Option<T>>,
     free: Vec<Slot>,
     len: usize,
 }
@@ -207,7 +316,7 @@ struct Slab<T> {
 impl<T> Default for Slab<T> {
     fn default() -> Self {
         Self {
-            entries: Vec::new(),
+            entries: SegVec::default(),
             free: Vec::new(),
             len: 0,
         }
@@ -219,11 +328,11 @@ impl<T> Slab<T> {
     fn insert(&mut self, value: T) -> Option<Slot> {
         let slot = match self.free.pop() {
             Some(slot) => {
-                self.entries[slot as usize] = Some(value);
+                self.entries.set(slot as usize, Some(value));
                 slot
             }
             None => {
-                let slot = Slot::try_from(self.entries.len()).ok()?;
+                let slot = Slot::try_from(self.entries.len).ok()?;
                 self.entries.push(Some(value));
                 slot
             }
@@ -254,6 +363,10 @@ impl<T> Slab<T> {
         }
         Some(value)
     }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.entries.iter_mut().flatten()
+    }
 }
 
 /// The tracked keys: entries in a slab, found through a table of slots.
@@ -261,23 +374,37 @@ impl<T> Slab<T> {
 struct KeyTable {
     index: HashTable<Slot>,
     slab: Slab<KeyEntry>,
+    /// The cold part of the entry at the same index of `slab`.
+    cold: SegVec<KeyCold>,
+    /// The flush time of keys that failed before their first verdict was
+    /// returned (their `KeyCold::time` holds the retry time): rare, so kept
+    /// apart rather than in every entry.
+    failed_flushed_at: FastMap<Slot, u64>,
 }
 
 impl KeyTable {
-    #[inline]
+    #[inline(always)]
     fn find(&self, key: &OffloadKey) -> Option<Slot> {
+        self.find_entry(key).map(|(slot, _)| slot)
+    }
+
+    /// The key's slot and hot entry, read once.
+    #[inline(always)]
+    fn find_entry(&self, key: &OffloadKey) -> Option<(Slot, &KeyEntry)> {
         let slab = &self.slab;
-        self.index
-            .find(key.prehash(), |&slot| {
-                slab.get(slot).is_some_and(|entry| entry.key == *key)
-            })
-            .copied()
+        let mut found = None;
+        let slot = *self.index.find(key.prehash(), |&slot| {
+            found = slab.get(slot).filter(|entry| entry.key == *key);
+            found.is_some()
+        })?;
+        Some((slot, found?))
     }
 
     /// Adds an entry for a key not in the table; `None` if the slab is full.
-    fn insert(&mut self, entry: KeyEntry) -> Option<Slot> {
+    fn insert(&mut self, entry: KeyEntry, cold: KeyCold) -> Option<Slot> {
         let hash = entry.key.prehash();
         let slot = self.slab.insert(entry)?;
+        self.cold.set(slot as usize, cold);
         let slab = &self.slab;
         self.index.insert_unique(hash, slot, |&s| {
             slab.get(s).map_or(0, |entry| entry.key.prehash())
@@ -293,6 +420,13 @@ impl KeyTable {
             found.remove();
         }
         self.slab.remove(slot);
+        if self.slab.len == 0 {
+            // The slab started again from index 0.
+            self.cold.clear();
+            self.failed_flushed_at.clear();
+        } else if !self.failed_flushed_at.is_empty() {
+            self.failed_flushed_at.remove(&slot);
+        }
     }
 
     #[inline]
@@ -305,6 +439,14 @@ impl KeyTable {
         self.slab.get_mut(slot)
     }
 
+    /// Both parts of the entry at `slot`.
+    #[inline]
+    fn get_both(&mut self, slot: Slot) -> Option<(&mut KeyEntry, &mut KeyCold)> {
+        let entry = self.slab.get_mut(slot)?;
+        let cold = self.cold.get_mut(slot as usize)?;
+        Some((entry, cold))
+    }
+
     /// The entry at `slot` if it still holds probe `generation` (generations
     /// are never reused, so this also proves it is the same key).
     #[inline]
@@ -312,6 +454,40 @@ impl KeyTable {
         self.slab
             .get_mut(slot)
             .filter(|entry| entry.generation == generation)
+    }
+
+    /// Both parts of the entry at `slot` if it still holds probe `generation`.
+    #[inline]
+    fn probe_both(&mut self, probe: Probe) -> Option<(&mut KeyEntry, &mut KeyCold)> {
+        self.get_both(probe.0)
+            .filter(|(entry, _)| entry.generation == probe.1)
+    }
+
+    /// Moves the key at `slot` to phase `Failed`, to be probed again at
+    /// `retry_at` (ticks); its flush time moves aside if its first verdict
+    /// is still to be returned.
+    fn set_failed(&mut self, slot: Slot, retry_at: u64) {
+        let (Some(state), Some(cold)) = (self.slab.get_mut(slot), self.cold.get_mut(slot as usize))
+        else {
+            return;
+        };
+        state.phase = Phase::Failed;
+        state.revalidating = false;
+        let flushed_at = std::mem::replace(&mut cold.time, retry_at);
+        if !state.reported {
+            self.failed_flushed_at.insert(slot, flushed_at);
+        }
+    }
+
+    /// Forgets every entry's request marks (after request serials were
+    /// renumbered): the next ask of each key checks membership again.
+    fn forget_request_marks(&mut self) {
+        for entry in self.slab.iter_mut() {
+            entry.last_req = NO_REQUEST;
+        }
+        for cold in self.cold.iter_mut() {
+            cold.creator = NO_REQUEST;
+        }
     }
 
     fn len(&self) -> usize {
@@ -330,7 +506,7 @@ fn ticks(epoch: Instant, t: Instant) -> u64 {
 
 #[derive(Debug)]
 struct RequestEntry {
-    serial: u64,
+    serial: u32,
     /// Keys this request created: it holds a reference to each (their
     /// entries name it as `creator`, so no set membership is needed).
     created: Vec<Slot>,
@@ -348,17 +524,27 @@ struct Batch {
 
 #[derive(Debug)]
 struct BatchRun {
+    /// The request's slot and serial in `request_slab` when it looked up.
+    request: (Slot, u32),
     ctx: ReqContext,
     probes: Vec<Probe>,
 }
 
 impl Batch {
-    fn push(&mut self, ctx: &ReqContext, probe: Probe) {
+    #[inline]
+    fn push(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
         match self.runs.last_mut() {
-            Some(run) if same_request(&run.ctx, ctx) => run.probes.push(probe),
+            Some(run) if run.request == (request, serial) => run.probes.push(probe),
             _ => self.runs.push(BatchRun {
+                request: (request, serial),
                 ctx: ctx.clone(),
-                probes: vec![probe],
+                probes: {
+                    // A scheduler looks up a request's keys together:
+                    // start with room for a typical run, not one key.
+                    let mut probes = Vec::with_capacity(RUN_CAPACITY);
+                    probes.push(probe);
+                    probes
+                },
             }),
         }
         self.len += 1;
@@ -372,11 +558,6 @@ impl Batch {
         self.len = 0;
         std::mem::take(&mut self.runs)
     }
-}
-
-#[inline]
-fn same_request(a: &ReqContext, b: &ReqContext) -> bool {
-    Arc::ptr_eq(a.req_id_arc(), b.req_id_arc()) || a.req_id() == b.req_id()
 }
 
 #[derive(Debug)]
@@ -456,9 +637,13 @@ pub struct Ledger {
     request_slab: Slab<RequestEntry>,
     /// The request of the previous lookup (id, slot, serial), to skip
     /// hashing its id again.
-    last_request: Option<(Arc<str>, Slot, u64)>,
+    last_request: Option<(Arc<str>, Slot, u32)>,
     next_generation: u64,
-    next_serial: u64,
+    /// Serials are 32 bits (they sit in every key's hot entry); when they
+    /// run out, live requests are renumbered from 0 and every key's marks
+    /// forgotten (see `renumber_requests`), so two live requests never
+    /// share a serial.
+    next_serial: u32,
 
     batch: Batch,
     ready: VecDeque<Group>,
@@ -532,6 +717,7 @@ impl Ledger {
     ///
     /// # Errors
     /// [`LookupError::InvalidKey`] for an empty key or one longer than `max_key_len`.
+    #[inline(always)]
     pub fn lookup(
         &mut self,
         key: &OffloadKey,
@@ -540,95 +726,177 @@ impl Ledger {
     ) -> Result<LookupVerdict, LookupError> {
         let len = key.len();
         if len == 0 || len > self.max_key_len {
-            return Err(LookupError::InvalidKey {
-                len,
-                max: self.max_key_len,
-            });
+            return Err(self.invalid_key(len));
         }
+        let entry = self.keys.find_entry(key);
+        let found = entry.map(|(slot, _)| slot);
+        // The common case, answered from the key's hot entry alone: the
+        // same request as the previous lookup asks again for a key it
+        // already holds, whose verdict needs no clock and no bookkeeping.
+        if let Some((id, _, serial)) = &self.last_request
+            && Arc::ptr_eq(id, ctx.req_id_arc())
+            && let Some((_, state)) = entry
+            && state.last_req == *serial
+        {
+            let verdict = match state.phase {
+                Phase::Present if state.reported => Some(LookupVerdict::Hit),
+                Phase::Absent | Phase::ForcedMiss if state.reported => Some(LookupVerdict::Miss),
+                Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
+                    Some(if state.revalidating {
+                        LookupVerdict::Miss
+                    } else {
+                        LookupVerdict::Pending
+                    })
+                }
+                _ => None,
+            };
+            if let Some(verdict) = verdict {
+                self.counters.lookups += 1;
+                return Ok(verdict);
+            }
+        }
+        Ok(self.lookup_slow(key, found, ctx, now))
+    }
+
+    #[cold]
+    fn invalid_key(&self, len: usize) -> LookupError {
+        LookupError::InvalidKey {
+            len,
+            max: self.max_key_len,
+        }
+    }
+
+    /// `lookup` for every case but the common one: `found` is the key's
+    /// slot, if it is tracked.
+    #[inline(never)]
+    fn lookup_slow(
+        &mut self,
+        key: &OffloadKey,
+        found: Option<Slot>,
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+    ) -> LookupVerdict {
         self.counters.lookups += 1;
         let Some((request, serial)) = self.request(ctx) else {
             // 2^32 live requests: not reachable in practice, never a panic.
             self.counters.deferred += 1;
-            return Ok(LookupVerdict::Pending);
+            return LookupVerdict::Pending;
         };
 
-        let Some(slot) = self.keys.find(key) else {
+        let Some(slot) = found else {
             if self.batch.len + self.queued_keys >= self.max_queued_keys {
                 self.counters.deferred += 1;
-                return Ok(LookupVerdict::Pending);
+                return LookupVerdict::Pending;
             }
             let generation = self.next_generation;
-            let Some(slot) = self.keys.insert(KeyEntry {
-                key: key.clone(),
-                generation,
-                phase: Phase::Unsubmitted,
-                refs: 1,
-                last_req: serial,
-                creator: serial,
-                flushed_at: 0,
-                reported: false,
-                revalidating: false,
-            }) else {
+            let Some(slot) = self.keys.insert(
+                KeyEntry {
+                    key: key.clone(),
+                    generation,
+                    last_req: serial,
+                    phase: Phase::Unsubmitted,
+                    reported: false,
+                    revalidating: false,
+                },
+                KeyCold::new(serial),
+            ) else {
                 self.counters.deferred += 1;
-                return Ok(LookupVerdict::Pending);
+                return LookupVerdict::Pending;
             };
             self.next_generation += 1;
-            self.batch.push(ctx, (slot, generation));
+            self.batch.push(request, serial, ctx, (slot, generation));
             if let Some(req) = self.request_slab.get_mut(request) {
+                if req.created.capacity() == 0 {
+                    req.created.reserve_exact(RUN_CAPACITY);
+                }
                 req.created.push(slot);
             }
-            return Ok(LookupVerdict::Pending);
+            return LookupVerdict::Pending;
         };
-        let Some(state) = self.keys.get_mut(slot) else {
-            return Ok(LookupVerdict::Pending); // unreachable: `find` returned it
+        let (keys, request_slab) = (&mut self.keys, &mut self.request_slab);
+        let Some(state) = keys.get_mut(slot) else {
+            return LookupVerdict::Pending; // unreachable: `find` returned it
         };
 
         if state.last_req != serial {
             state.last_req = serial;
-            if state.creator != serial
-                && let Some(req) = self.request_slab.get_mut(request)
-                && req.shared.insert(slot)
+            if let Some(cold) = keys.cold.get_mut(slot as usize)
+                && cold.creator != serial
+                && let Some(req) = request_slab.get_mut(request)
+                && share(&mut req.shared, slot)
             {
-                state.refs += 1;
+                cold.refs += 1;
             }
         }
+        let Some(state) = self.keys.get_mut(slot) else {
+            return LookupVerdict::Pending; // unreachable: `find` returned it
+        };
 
         let verdict = match state.phase {
             Phase::Present => LookupVerdict::Hit,
             Phase::Absent | Phase::ForcedMiss => LookupVerdict::Miss,
             Phase::Unsubmitted | Phase::Queued | Phase::InFlight if state.revalidating => {
-                return Ok(LookupVerdict::Miss);
+                return LookupVerdict::Miss;
             }
             Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
-                return Ok(LookupVerdict::Pending);
+                return LookupVerdict::Pending;
             }
-            Phase::Failed { retry_at } => {
-                if ticks(self.epoch, now.get()) < retry_at {
-                    LookupVerdict::Miss
-                } else {
-                    // Probe again under a new generation (the failure was
-                    // never the truth), answering miss meanwhile: a request
-                    // that met the failure does not wait a second time.
-                    let generation = self.next_generation;
-                    self.next_generation += 1;
-                    state.generation = generation;
-                    state.phase = Phase::Unsubmitted;
-                    state.flushed_at = 0;
-                    state.reported = true;
-                    state.revalidating = true;
-                    self.batch.push(ctx, (slot, generation));
-                    return Ok(LookupVerdict::Miss);
-                }
-            }
+            Phase::Failed => return self.lookup_failed(slot, request, serial, ctx, now),
         };
         if !state.reported {
             state.reported = true;
-            if state.flushed_at > 0 {
-                let waited = ticks(self.epoch, now.get()).saturating_sub(state.flushed_at - 1);
-                self.time_to_verdict.record(Duration::from_nanos(waited));
-            }
+            self.record_first_verdict(slot, now);
         }
-        Ok(verdict)
+        verdict
+    }
+
+    /// A lookup of a key in phase `Failed`: miss, and past the back-off a
+    /// new probe under a new generation (the failure was never the truth),
+    /// answering miss meanwhile: a request that met the failure does not
+    /// wait a second time.
+    #[cold]
+    fn lookup_failed(
+        &mut self,
+        slot: Slot,
+        request: Slot,
+        serial: u32,
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+    ) -> LookupVerdict {
+        let now_ticks = ticks(self.epoch, now.get());
+        let generation = self.next_generation;
+        let Some((state, cold)) = self.keys.get_both(slot) else {
+            return LookupVerdict::Miss;
+        };
+        let first = !state.reported;
+        state.reported = true;
+        if now_ticks >= cold.time {
+            self.next_generation += 1;
+            state.generation = generation;
+            state.phase = Phase::Unsubmitted;
+            state.revalidating = true;
+            cold.time = 0;
+            self.batch.push(request, serial, ctx, (slot, generation));
+            if first {
+                self.keys.failed_flushed_at.remove(&slot);
+            }
+        } else if first
+            && let Some(flushed_at) = self.keys.failed_flushed_at.remove(&slot)
+            && flushed_at > 0
+        {
+            let waited = now_ticks.saturating_sub(flushed_at - 1);
+            self.time_to_verdict.record(Duration::from_nanos(waited));
+        }
+        LookupVerdict::Miss
+    }
+
+    /// Records the time from the key's flush to its first verdict.
+    fn record_first_verdict(&mut self, slot: Slot, now: &mut LazyNow) {
+        let flushed_at = self.keys.cold.get(slot as usize).map_or(0, |c| c.time);
+        if flushed_at > 0 {
+            let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
+            self.time_to_verdict.record(Duration::from_nanos(waited));
+        }
     }
 
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
@@ -663,7 +931,7 @@ impl Ledger {
 
     /// The request's slot and serial, registering a request seen for the
     /// first time; `None` only if 2^32 requests are live.
-    fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u64)> {
+    fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u32)> {
         if let Some((id, slot, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
         {
@@ -676,6 +944,9 @@ impl Ledger {
         let (slot, serial) = match known {
             Some(found) => found,
             None => {
+                if self.next_serial == NO_REQUEST {
+                    self.renumber_requests();
+                }
                 let serial = self.next_serial;
                 let slot = self.request_slab.insert(RequestEntry {
                     serial,
@@ -689,6 +960,36 @@ impl Ledger {
         };
         self.last_request = Some((Arc::clone(ctx.req_id_arc()), slot, serial));
         Some((slot, serial))
+    }
+
+    /// Gives the live requests the serials 0, 1, …, when 32-bit serials ran
+    /// out (once every 2^32 requests): every key forgets its request marks
+    /// (the next ask checks membership again, which is always correct), and
+    /// the flush batch follows the new serials.
+    #[cold]
+    fn renumber_requests(&mut self) {
+        let mut renumbered: HashMap<u32, u32> = HashMap::new();
+        let mut next = 0u32;
+        for entry in self.request_slab.iter_mut() {
+            renumbered.insert(entry.serial, next);
+            entry.serial = next;
+            next = next.saturating_add(1);
+        }
+        for run in &mut self.batch.runs {
+            run.request.1 = renumbered
+                .get(&run.request.1)
+                .copied()
+                .unwrap_or(NO_REQUEST);
+        }
+        self.keys.forget_request_marks();
+        self.last_request = None;
+        self.next_serial = next;
+    }
+
+    /// Starts request serials at `serial`, to test their wrap-around.
+    #[cfg(test)]
+    fn set_next_serial(&mut self, serial: u32) {
+        self.next_serial = serial;
     }
 
     /// Moves the keys looked up since the last flush into per-request groups
@@ -714,14 +1015,14 @@ impl Ledger {
                 &mut self.queue_deadlines,
             );
             probes.retain(|&probe| {
-                let Some(state) = keys.probe_mut(probe) else {
+                let Some((state, cold)) = keys.probe_both(probe) else {
                     return false;
                 };
                 if state.phase != Phase::Unsubmitted {
                     return false;
                 }
                 state.phase = Phase::Queued;
-                state.flushed_at = flushed_at;
+                cold.time = flushed_at;
                 *queued_keys += 1;
                 deadlines.push_back((queue_deadline, probe));
                 true
@@ -799,18 +1100,20 @@ impl Ledger {
             }
             self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
 
-            let mut keys = Vec::with_capacity(group.probes.len());
-            let mut probes = Vec::with_capacity(group.probes.len());
-            for probe in group.probes {
-                if let Some(state) = self.keys.probe_mut(probe)
-                    && state.phase == Phase::Queued
-                {
-                    state.phase = Phase::InFlight;
-                    keys.push(state.key.clone());
-                    probes.push(probe);
-                }
-            }
-            if keys.is_empty() {
+            // Keys still queued move to in flight; the call's key list is
+            // then built in place, one copy per key.
+            let mut probes = group.probes;
+            let table = &mut self.keys;
+            probes.retain(|&probe| {
+                table.probe_mut(probe).is_some_and(|state| {
+                    let queued = state.phase == Phase::Queued;
+                    if queued {
+                        state.phase = Phase::InFlight;
+                    }
+                    queued
+                })
+            });
+            if probes.is_empty() {
                 // Every key was cleaned up or forced to miss while waiting.
                 self.finish_group(group.step);
                 continue;
@@ -823,7 +1126,17 @@ impl Ledger {
             }
             let id = CallId(self.next_call);
             self.next_call += 1;
-            let keys: Arc<[OffloadKey]> = keys.into();
+            let table = &self.keys;
+            let keys: Arc<[OffloadKey]> = probes
+                .iter()
+                // `retain` just checked every entry: the empty key (which
+                // no lookup accepts) is never used, and needs no panic.
+                .map(|&(slot, _)| {
+                    table
+                        .get(slot)
+                        .map_or_else(|| OffloadKey::new(&[]), |state| state.key.clone())
+                })
+                .collect();
             let deadline = now + self.call_timeout;
             self.running.insert(
                 id,
@@ -875,7 +1188,7 @@ impl Ledger {
                     } else {
                         Phase::Absent
                     };
-                    self.resolve(probe, phase);
+                    self.resolve(probe, phase, 0);
                 }
                 return;
             }
@@ -921,7 +1234,7 @@ impl Ledger {
         let timed_out = failure == TierErrorKind::Timeout;
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
         for &probe in &call.probes {
-            if self.resolve(probe, Phase::Failed { retry_at }) {
+            if self.resolve(probe, Phase::Failed, retry_at) {
                 if timed_out {
                     self.counters.timeouts += 1;
                 } else {
@@ -931,12 +1244,13 @@ impl Ledger {
         }
     }
 
-    /// Applies one key's result; returns whether it was applied.
-    fn resolve(&mut self, probe: Probe, phase: Phase) -> bool {
-        let Some(state) = self
+    /// Applies one key's result (`retry_at` for phase `Failed`); returns
+    /// whether it was applied.
+    fn resolve(&mut self, probe: Probe, phase: Phase, retry_at: u64) -> bool {
+        let Some((state, cold)) = self
             .keys
-            .probe_mut(probe)
-            .filter(|s| s.phase == Phase::InFlight)
+            .probe_both(probe)
+            .filter(|(s, _)| s.phase == Phase::InFlight)
         else {
             // Forgotten, re-probed, or forced to miss while in flight:
             // mark_miss wins.
@@ -948,9 +1262,11 @@ impl Ledger {
             Phase::Absent => self.counters.misses += 1,
             _ => {}
         }
-        if state.refs == 0 {
+        if cold.refs == 0 {
             // Retained only for this answer; nobody is asking any more.
             self.keys.remove(probe.0);
+        } else if phase == Phase::Failed {
+            self.keys.set_failed(probe.0, retry_at);
         } else {
             state.phase = phase;
             state.revalidating = false;
@@ -989,9 +1305,8 @@ impl Ledger {
             // way the entry goes, which keeps the queue as short as the
             // keys actually waiting.
             self.queue_deadlines.pop_front();
-            if still_queued && let Some(state) = self.keys.probe_mut(probe) {
-                state.phase = Phase::Failed { retry_at };
-                state.revalidating = false;
+            if still_queued {
+                self.keys.set_failed(probe.0, retry_at);
                 self.counters.timeouts += 1;
             }
         }
@@ -1025,11 +1340,11 @@ impl Ledger {
             let Some(slot) = self.keys.find(key) else {
                 continue;
             };
-            let Some(state) = self.keys.get_mut(slot) else {
+            let Some((state, cold)) = self.keys.get_both(slot) else {
                 continue;
             };
             self.counters.forced_misses += 1;
-            if state.refs == 0 {
+            if cold.refs == 0 {
                 // Kept only for a running probe's answer, which no longer
                 // matters: forget it (a late answer is then dropped).
                 self.keys.remove(slot);
@@ -1059,9 +1374,9 @@ impl Ledger {
             self.last_request = None;
         }
         for slot in entry.created.into_iter().chain(entry.shared) {
-            if let Some(state) = self.keys.get_mut(slot) {
-                state.refs = state.refs.saturating_sub(1);
-                if state.refs == 0 && state.phase != Phase::InFlight {
+            if let Some((state, cold)) = self.keys.get_both(slot) {
+                cold.refs = cold.refs.saturating_sub(1);
+                if cold.refs == 0 && state.phase != Phase::InFlight {
                     self.keys.remove(slot);
                 }
             }
@@ -1133,5 +1448,81 @@ impl Ledger {
             time_to_verdict: self.time_to_verdict.summary(),
             first_error: c.first_error.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger() -> Ledger {
+        Ledger::new(&ManagerConfig::named("test"))
+    }
+
+    fn answer_all(l: &mut Ledger, now: Instant) {
+        l.flush(now);
+        while let Some(call) = l.next_call(now) {
+            let found = vec![true; call.keys.len()];
+            l.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
+        }
+    }
+
+    #[test]
+    fn a_resolved_lookup_reads_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Option<KeyEntry>>(), 64);
+        assert_eq!(std::mem::align_of::<KeyEntry>(), 64);
+        assert_eq!(std::mem::size_of::<KeyCold>(), 16);
+    }
+
+    #[test]
+    fn request_serials_wrap_without_sharing_a_serial() {
+        let mut l = ledger();
+        l.set_next_serial(NO_REQUEST - 2);
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let key = OffloadKey::new(b"shared");
+        let other = OffloadKey::new(b"other");
+        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+        // a creates the key (serial MAX-2), b shares it (MAX-1).
+        l.lookup(&key, &a, &mut lazy).unwrap();
+        l.lookup(&key, &b, &mut lazy).unwrap();
+        answer_all(&mut l, now);
+        // c is the first request past the wrap: live requests are renumbered
+        // (a → 0, b → 1) and c gets 2, so c's marks cannot be taken for a's.
+        let c = ReqContext::new("c");
+        assert_eq!(l.lookup(&key, &c, &mut lazy), Ok(LookupVerdict::Hit));
+        assert_eq!(l.lookup(&other, &c, &mut lazy), Ok(LookupVerdict::Pending));
+        // A fourth request after renumbering gets a fresh serial too.
+        let d = ReqContext::new("d");
+        assert_eq!(l.lookup(&key, &d, &mut lazy), Ok(LookupVerdict::Hit));
+        // The creator asks again after the renumbering: it must not take a
+        // second reference that outlives its cleanup.
+        assert_eq!(l.lookup(&key, &a, &mut lazy), Ok(LookupVerdict::Hit));
+        answer_all(&mut l, now);
+        for (req, tracked) in [("a", 2), ("b", 2), ("d", 2), ("c", 0)] {
+            l.cleanup(req);
+            assert_eq!(l.stats().tracked_keys, tracked, "after cleanup of {req}");
+        }
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn requests_after_a_wrap_still_share_and_release() {
+        let mut l = ledger();
+        l.set_next_serial(NO_REQUEST - 1);
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let key = OffloadKey::new(b"k");
+        for r in 0..5 {
+            let ctx = ReqContext::new(format!("r{r}"));
+            l.lookup(&key, &ctx, &mut lazy).unwrap();
+        }
+        answer_all(&mut l, now);
+        for r in 0..4 {
+            l.cleanup(&format!("r{r}"));
+            assert_eq!(l.stats().tracked_keys, 1, "r4 still refers to the key");
+        }
+        l.cleanup("r4");
+        assert!(l.is_empty());
     }
 }

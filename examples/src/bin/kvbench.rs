@@ -351,6 +351,16 @@ fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     if slow {
         tier.set_request_fault("c0-r0", RequestFault::Delay(SLOW));
     }
+    // The same cohorts for the minimal step loop, run after the manager's.
+    let plan: Vec<Vec<(Vec<OffloadKey>, Vec<bool>)>> = pending_cohorts
+        .iter()
+        .map(|c| {
+            c.requests
+                .iter()
+                .map(|r| (r.keys.clone(), r.present.clone()))
+                .collect()
+        })
+        .collect();
     pending_cohorts.reverse(); // pop() yields cohort 0 first
 
     let mut m = AsyncLookupManager::from_arc(Arc::clone(&tier), ManagerConfig::named("mock"))?;
@@ -440,6 +450,9 @@ fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     let state_empty = m.is_idle();
     let stats = m.stats();
     m.shutdown();
+    let mut base_us = minimal_step_loop(cli, &plan)?;
+    let sched_p50 = quantile(&mut sched_us, 0.5);
+    let base_p50 = quantile(&mut base_us, 0.5);
     let mut line = json!({
         "workload": workload,
         "tier": "mock",
@@ -448,7 +461,10 @@ fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
                     "present_fraction": 0.5, "poll_ms": 1, "spin_poll": cli.spin_poll,
                     "slow_request_ms": if slow { SLOW.as_millis() as u64 } else { 0 },
                     "ttv_scope": if slow { "cohorts after the slow one" } else { "all keys" } },
-        "scheduler_us_per_step": round3(quantile(&mut sched_us, 0.5)),
+        "scheduler_us_per_step": round3(sched_p50),
+        "baseline_us_per_step": round3(base_p50),
+        "ratio": round3(sched_p50 / base_p50),
+        "baseline": "minimal step loop: HashMap<OffloadKey, u8> get-or-insert and a push per new key, one get per resolved key, answers applied with one get_mut per key, flush moves each request's Vec",
         "scheduler_us_per_step_p99": round3(quantile(&mut sched_us, 0.99)),
         "flush_us_per_step": round3(quantile(&mut flush_us, 0.5)),
         "steps_to_resolve": quantile(&mut steps_to_resolve, 0.5),
@@ -463,6 +479,137 @@ fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         line["slow_request_ttv_p50_us"] = json!(round3(quantile(&mut slow_ttv_us, 0.5)));
     }
     Ok(line)
+}
+
+/// W2's baseline: the step loop any correct ledger must run, over the same
+/// cohorts with the same schedule (a cohort arrives each step, its keys are
+/// answered by the next step), timed over the same window (answers applied,
+/// lookups, flush). A new key is a get-or-insert into a
+/// `HashMap<OffloadKey, u8>` plus a push onto its request's batch; a
+/// resolved key one `get`; flush moves each request's `Vec` out whole. The
+/// tier's answers are computed outside the timed window (the manager's come
+/// from its worker thread), and applied inside it with one `get_mut` per key.
+/// Returns the microseconds of each step.
+fn minimal_step_loop(
+    cli: &Cli,
+    plan: &[Vec<(Vec<OffloadKey>, Vec<bool>)>],
+) -> Result<Vec<f64>, Failure> {
+    const PENDING: u8 = 0;
+    const HIT: u8 = 1;
+    const MISS: u8 = 2;
+    struct Req<'a> {
+        keys: &'a [OffloadKey],
+        present: &'a [bool],
+        verdicts: Vec<u8>,
+    }
+    let mut state: HashMap<OffloadKey, u8, lookup_core::BuildPrehashed> = HashMap::default();
+    let truth: HashMap<&OffloadKey, bool> = plan
+        .iter()
+        .flatten()
+        .flat_map(|(keys, present)| keys.iter().zip(present.iter().copied()))
+        .collect();
+    let mut upcoming = plan.iter();
+    let mut active: Vec<(Vec<Req<'_>>, usize)> = Vec::new();
+    let mut answers: Vec<(Vec<OffloadKey>, Vec<bool>)> = Vec::new();
+    let mut step_us = Vec::new();
+    let mut verdict_errors = 0u64;
+    let started = Instant::now();
+    while upcoming.len() > 0 || !active.is_empty() {
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err("minimal step loop did not finish within 120 s".into());
+        }
+        if let Some(cohort) = upcoming.next() {
+            let reqs: Vec<Req<'_>> = cohort
+                .iter()
+                .map(|(keys, present)| Req {
+                    keys,
+                    present,
+                    verdicts: vec![PENDING; keys.len()],
+                })
+                .collect();
+            let remaining = reqs.iter().map(|r| r.keys.len()).sum();
+            active.push((reqs, remaining));
+        }
+        let t0 = Instant::now();
+        for (keys, found) in answers.drain(..) {
+            for (key, present) in keys.iter().zip(found) {
+                if let Some(s) = state.get_mut(key) {
+                    *s = if present { HIT } else { MISS };
+                }
+            }
+        }
+        let mut batch: Vec<Vec<OffloadKey>> = Vec::new();
+        for (reqs, remaining) in &mut active {
+            for req in reqs.iter_mut() {
+                let mut new_keys = Vec::new();
+                for ((key, verdict), &present) in req
+                    .keys
+                    .iter()
+                    .zip(req.verdicts.iter_mut())
+                    .zip(req.present)
+                {
+                    if *verdict != PENDING {
+                        continue;
+                    }
+                    match state.get(black_box(key)) {
+                        Some(&PENDING) => continue,
+                        Some(&v) => {
+                            *verdict = v;
+                            *remaining -= 1;
+                            if (v == HIT) != present {
+                                verdict_errors += 1;
+                            }
+                        }
+                        None => {
+                            state.insert(key.clone(), PENDING);
+                            new_keys.push(key.clone());
+                        }
+                    }
+                }
+                if !new_keys.is_empty() {
+                    batch.push(new_keys);
+                }
+            }
+        }
+        // flush: each request's keys move out whole.
+        let flushed = black_box(std::mem::take(&mut batch));
+        step_us.push(micros(t0.elapsed()));
+        // The tier's side, outside the scheduler's time.
+        for keys in flushed {
+            let found = keys
+                .iter()
+                .map(|k| truth.get(k).copied().unwrap_or(false))
+                .collect();
+            answers.push((keys, found));
+        }
+        active.retain(|(reqs, remaining)| {
+            if *remaining > 0 {
+                return true;
+            }
+            for req in reqs {
+                for key in req.keys {
+                    state.remove(key);
+                }
+            }
+            false
+        });
+        if cli.spin_poll {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(1) {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    if verdict_errors > 0 || !state.is_empty() {
+        return Err(format!(
+            "minimal step loop: {verdict_errors} wrong verdicts, {} keys left",
+            state.len()
+        )
+        .into());
+    }
+    Ok(step_us)
 }
 
 /// Memory: live heap bytes of the manager per tracked key, 1,000 requests of
