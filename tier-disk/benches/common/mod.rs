@@ -50,6 +50,7 @@ pub fn filled_tier(path: &Path, n: u64) -> DiskTier {
             .expect("store a bench key");
     }
     tier.close().expect("close the bench tier");
+    drop(tier);
     DiskTier::open(config(path, n * 2)).expect("reopen the bench tier")
 }
 
