@@ -369,7 +369,9 @@ impl DiskTier {
             self.check_key(key)?;
         }
         let live = self.live();
-        Ok(self.read_index().contains_many(keys, live))
+        Ok(self
+            .read_index()
+            .contains_many(keys, OffloadKey::as_bytes, live))
     }
 
     /// Stores `payload` under `key`, replacing any earlier payload. The key
