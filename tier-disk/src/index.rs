@@ -600,14 +600,19 @@ mod tests {
         }
     }
 
+    /// Keys 0..1000 differ in their first 8 bytes; keys from 1000 on share
+    /// them and differ only in their last 4 (the full compare decides).
     fn key(id: u32) -> [u8; 36] {
-        let mut k = [0u8; 36];
-        k[..4].copy_from_slice(&id.to_le_bytes());
+        let mut k = [0xA5u8; 36];
+        if id < 1000 {
+            k[..4].copy_from_slice(&id.to_le_bytes());
+        }
         k[32..].copy_from_slice(&id.wrapping_mul(0x9E37_79B9).to_le_bytes());
         k
     }
 
-    /// The batch answers exactly what one `find` per key answers, on a
+    /// The batch answers exactly what one `find` per key answers (and what
+    /// a model of the table says), on a
     /// nearly full table (long probe chains that wrap around the end) with
     /// tombstones, torn slots, keys of an evicted segment and repeated keys.
     #[test]
@@ -618,10 +623,11 @@ mod tests {
             oldest: 1,
             newest: 3,
         };
-        for id in 0..44 {
+        let stored: Vec<u32> = (0..22).chain(1000..1022).collect();
+        for &id in &stored {
             index.insert(&key(id), &location(1 + u64::from(id % 3)), live);
         }
-        for id in (0..44).step_by(5) {
+        for &id in stored.iter().step_by(5) {
             index.remove(&key(id), live);
         }
         // Tear one live slot: its checksum no longer matches.
@@ -633,11 +639,42 @@ mod tests {
             oldest: 2,
             newest: 3,
         };
-        let keys: Vec<[u8; 36]> = (0..100).chain([7, 7, 2, 1]).map(key).collect();
-        let expected: Vec<bool> = keys.iter().map(|k| index.find(k, live).is_some()).collect();
-        assert_eq!(index.contains_many(&keys, |k| k, live), expected);
-        assert!(expected.iter().any(|&f| f) && expected.iter().any(|&f| !f));
-        assert!(!expected[1], "a torn slot is no hit");
+        let ids: Vec<u32> = (0..50)
+            .chain(1000..1050)
+            .chain([7, 7, 2, 1, 1001])
+            .collect();
+        // The model: stored, not removed, not torn, not in segment 1.
+        let model: Vec<bool> = ids
+            .iter()
+            .map(|id| {
+                let at = stored.iter().position(|s| s == id);
+                at.is_some_and(|at| at % 5 != 0) && *id != 1 && id % 3 != 0
+            })
+            .collect();
+        let keys: Vec<[u8; 36]> = ids.iter().copied().map(key).collect();
+        let one_by_one: Vec<bool> = keys.iter().map(|k| index.find(k, live).is_some()).collect();
+        assert_eq!(index.contains_many(&keys, |k| k, live), model);
+        assert_eq!(one_by_one, model);
+        assert!(model.iter().filter(|&&f| f).count() > 10);
         assert!(index.contains_many(&[], |k: &[u8; 36]| k, live).is_empty());
+    }
+
+    /// Keys shorter than the 8-byte first-word compare.
+    #[test]
+    fn contains_many_with_short_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = Index::create(&dir.path().join("index"), 3, 16).unwrap();
+        let live = LiveSegments {
+            oldest: 1,
+            newest: 1,
+        };
+        for k in [[1u8, 2, 3], [1, 2, 4], [9, 9, 9]] {
+            index.insert(&k, &location(1), live);
+        }
+        let keys = [[1u8, 2, 3], [1, 2, 5], [9, 9, 9], [0, 0, 0]];
+        assert_eq!(
+            index.contains_many(&keys, |k| k, live),
+            [true, false, true, false]
+        );
     }
 }
