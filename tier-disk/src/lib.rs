@@ -369,11 +369,9 @@ impl DiskTier {
             self.check_key(key)?;
         }
         let live = self.live();
-        let index = self.read_index();
-        Ok(keys
-            .iter()
-            .map(|k| index.find(k.as_bytes(), live).is_some())
-            .collect())
+        Ok(self
+            .read_index()
+            .contains_many(keys, OffloadKey::as_bytes, live))
     }
 
     /// Stores `payload` under `key`, replacing any earlier payload. The key
