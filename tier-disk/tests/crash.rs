@@ -94,19 +94,35 @@ fn kill_and_reopen() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
         let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                lines.push(line);
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-            lines
         });
-        // Let it write for 20 to 200 ms, then kill it mid-flight.
+        // Wait for the child's first acknowledged store (on a loaded
+        // machine it may take a while to start), so that the kill always
+        // lands on an open tier; then let it write for 20 to 200 ms more
+        // and kill it mid-flight.
+        let mut lines = Vec::new();
+        let waiting = Instant::now();
+        while !lines.iter().any(|l: &String| l.contains("ACK ")) {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) => lines.push(line),
+                Err(e) => panic!(
+                    "round {round}: no store acknowledged after {:?}: {e}",
+                    waiting.elapsed()
+                ),
+            }
+        }
         std::thread::sleep(Duration::from_millis(20 + rng.next() % 180));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        let lines = reader.join().unwrap();
+        reader.join().unwrap();
+        lines.extend(rx.try_iter());
         for line in &lines {
             // libtest prints "test crash_child ... " without a newline, so
             // the first marker can share a line with it.
