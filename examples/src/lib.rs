@@ -10,7 +10,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::Duration;
 
-use lookup_core::OffloadKey;
+use kvtier_core::OffloadKey;
 
 pub mod plot;
 

@@ -15,12 +15,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use integration_tests::{PrivateServer, binary, service};
-use lookup_core::{ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack};
-use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
-use tier_mock::{MockConfig, MockTier};
-use tier_redis::{RedisConfig, RedisTier};
-use tier_s3::{S3Config, S3Tier};
+use kvtier_core::{ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack};
+use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
+use kvtier_integration_tests::{PrivateServer, binary, service};
+use kvtier_mock::{MockConfig, MockTier};
+use kvtier_redis::{RedisConfig, RedisTier};
+use kvtier_s3::{S3Config, S3Tier};
 
 /// The scenarios drive several servers hard on a 2-core machine: one at a
 /// time, so that phase 2 of the fault scenario measures recovery, not
@@ -365,7 +365,7 @@ fn faults_in_the_middle() {
     // A fourth tier that starts hanging in the middle.
     let hanging = Arc::new(MockTier::new(MockConfig::default()));
     stack.push(Box::new(
-        lookup_core::AsyncLookupManager::from_arc(
+        kvtier_core::AsyncLookupManager::from_arc(
             Arc::clone(&hanging),
             ManagerConfig {
                 tier_name: "mock".into(),
@@ -436,7 +436,7 @@ fn faults_in_the_middle() {
     tiers.populate_redis(&rt, &world);
     // The S3 client's pool still holds connections to the killed server,
     // which fail once each: recovered means answering a full batch again.
-    let probe = lookup_core::testkit::unique_keys(256, 36);
+    let probe = kvtier_core::testkit::unique_keys(256, 36);
     let mut good = 0;
     while good < 2 {
         good = if rt.block_on(tiers.s3.exists_many(&probe)).is_ok() {
@@ -511,7 +511,7 @@ fn mark_miss_ends_the_failed_load_loop() {
     let rt = runtime();
     let tiers = Tiers::new(&rt, redis, s3);
     let mut stack = tiers.stack(&ManagerConfig::default());
-    let prompt: Vec<OffloadKey> = lookup_core::testkit::unique_keys(3, 36);
+    let prompt: Vec<OffloadKey> = kvtier_core::testkit::unique_keys(3, 36);
     for key in &prompt {
         tiers.disk.store(key, b"block").unwrap();
     }

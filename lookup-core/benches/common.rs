@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use lookup_core::ledger::{CallOutcome, LazyNow, Ledger};
-use lookup_core::{ManagerConfig, OffloadKey, ReqContext};
+use kvtier_core::ledger::{CallOutcome, LazyNow, Ledger};
+use kvtier_core::{ManagerConfig, OffloadKey, ReqContext};
 
 /// A 36-byte key (vLLM's layout size) unique to `id`.
 pub fn key(id: u64) -> OffloadKey {

@@ -3,7 +3,7 @@
 //! complete of a call, cleanup of a request.
 //!
 //! ```text
-//! cargo bench -p lookup-core --bench ledger
+//! cargo bench -p kvtier-core --bench ledger
 //! ```
 
 mod common;
@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use lookup_core::ReqContext;
-use lookup_core::ledger::{CallOutcome, LazyNow};
+use kvtier_core::ReqContext;
+use kvtier_core::ledger::{CallOutcome, LazyNow};
 
 use common::{flush_and_answer, key, ledger, resolved, step_keys};
 

@@ -3,7 +3,7 @@
 //! Each operation runs inside a function named `measured_<op>`:
 //!
 //! ```text
-//! cargo bench -p lookup-core --bench ledger_ops --no-run
+//! cargo bench -p kvtier-core --bench ledger_ops --no-run
 //! valgrind --tool=callgrind --toggle-collect='*measured_*' target/release/deps/ledger_ops-* w1
 //! ```
 //!
@@ -17,8 +17,8 @@ mod common;
 use std::hint::black_box;
 use std::time::Instant;
 
-use lookup_core::ledger::{LazyNow, Ledger, LookupVerdict};
-use lookup_core::{OffloadKey, ReqContext};
+use kvtier_core::ledger::{LazyNow, Ledger, LookupVerdict};
+use kvtier_core::{OffloadKey, ReqContext};
 
 use common::{flush_and_answer, ledger, resolved, step_keys};
 

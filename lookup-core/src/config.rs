@@ -12,7 +12,7 @@ use crate::error::ManagerError;
 /// the fields it changes:
 ///
 /// ```
-/// let cfg: lookup_core::ManagerConfig =
+/// let cfg: kvtier_core::ManagerConfig =
 ///     serde_json::from_str(r#"{ "call_timeout_ms": 250, "max_calls_in_flight": 8 }"#).unwrap();
 /// assert_eq!(cfg.call_timeout(), std::time::Duration::from_millis(250));
 /// assert_eq!(cfg.max_key_len, 64);

@@ -21,7 +21,7 @@
 //! # Example
 //!
 //! ```
-//! use lookup_core::{AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext,
+//! use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext,
 //!                   Tier, TierError};
 //!
 //! // A tier: one method, one bool per key, in order.

@@ -134,7 +134,7 @@ enum Block {
 /// `mark_miss` names its tier.
 ///
 /// ```
-/// use lookup_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack, Tier, TierError};
+/// use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack, Tier, TierError};
 ///
 /// struct Holds(Vec<u8>);
 /// impl Tier for Holds {

@@ -10,7 +10,7 @@
 //! #[tokio::test]
 //! async fn conformance() {
 //!     let fixture = MyFixture::new().await;
-//!     lookup_core::testkit::run_all(&fixture).await;
+//!     kvtier_core::testkit::run_all(&fixture).await;
 //! }
 //! ```
 

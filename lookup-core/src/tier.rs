@@ -35,7 +35,7 @@ use crate::key::{OffloadKey, ReqContext};
 /// # Example
 ///
 /// ```
-/// use lookup_core::{OffloadKey, ReqContext, Tier, TierError};
+/// use kvtier_core::{OffloadKey, ReqContext, Tier, TierError};
 /// use std::collections::HashSet;
 ///
 /// struct Fixed(HashSet<OffloadKey>);

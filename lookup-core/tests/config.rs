@@ -2,7 +2,7 @@
 //! `validate()` as `InvalidConfig`, and `AsyncLookupManager::new` returns
 //! that error instead of panicking (or aborting) while it starts.
 
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
 };
 

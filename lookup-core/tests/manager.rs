@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, Blocking, LookupError, LookupVerdict, ManagerConfig, ManagerError,
     OffloadKey, PrefixVerdict, ReqContext, SyncTier, Tier, TierError,
 };
-use tier_mock::{MockConfig, MockOutcome, MockTier, RequestFault};
+use kvtier_mock::{MockConfig, MockOutcome, MockTier, RequestFault};
 
 const GUARD: Duration = Duration::from_secs(20);
 

@@ -16,8 +16,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use lookup_core::ledger::{CallId, CallOutcome, LazyNow, Ledger, TierCall};
-use lookup_core::{
+use kvtier_core::ledger::{CallId, CallOutcome, LazyNow, Ledger, TierCall};
+use kvtier_core::{
     LookupVerdict, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, TierError, TierErrorKind,
 };
 use proptest::prelude::*;

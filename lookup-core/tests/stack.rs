@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, StackPolicy, StackVerdict, TierStack,
 };
-use tier_mock::{MockConfig, MockTier, RequestFault};
+use kvtier_mock::{MockConfig, MockTier, RequestFault};
 
 fn key(i: u8) -> OffloadKey {
     OffloadKey::new(&[i; 36])

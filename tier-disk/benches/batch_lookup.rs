@@ -2,7 +2,7 @@
 //! kvbench w5 workload, one operation at a time), next to an in-memory
 //! `HashSet` of the same keys in the same run.
 //!
-//! `cargo bench -p tier-disk --bench batch_lookup`; `KVTIER_BENCH_KEYS`
+//! `cargo bench -p kvtier-disk --bench batch_lookup`; `KVTIER_BENCH_KEYS`
 //! changes the index size.
 
 mod common;
@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use lookup_core::OffloadKey;
+use kvtier_core::OffloadKey;
 
 fn batch_lookup(c: &mut Criterion) {
     let n = common::key_count(1_000_000);

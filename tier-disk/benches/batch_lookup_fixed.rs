@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::hint::black_box;
 use std::time::Instant;
 
-use lookup_core::OffloadKey;
+use kvtier_core::OffloadKey;
 
 /// This thread's CPU time in seconds.
 fn thread_cpu_s() -> f64 {

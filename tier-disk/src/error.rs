@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use lookup_core::{TierError, TierErrorKind};
+use kvtier_core::{TierError, TierErrorKind};
 
 /// What is wrong with bytes read from disk.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -35,8 +35,8 @@
 //!   program may write into the directory.
 //!
 //! ```
-//! use lookup_core::{OffloadKey, ReqContext, Tier};
-//! use tier_disk::{DiskConfig, DiskTier};
+//! use kvtier_core::{OffloadKey, ReqContext, Tier};
+//! use kvtier_disk::{DiskConfig, DiskTier};
 //!
 //! let dir = tempfile::tempdir()?;
 //! let tier = DiskTier::open(DiskConfig::new(dir.path()))?;
@@ -63,7 +63,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
 };
 use serde::Serialize;

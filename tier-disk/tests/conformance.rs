@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use lookup_core::testkit::{self, TierFixture};
-use lookup_core::{OffloadKey, TierError};
-use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
+use kvtier_core::testkit::{self, TierFixture};
+use kvtier_core::{OffloadKey, TierError};
+use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 
 struct DiskFixture {
     tier: Arc<DiskTier>,

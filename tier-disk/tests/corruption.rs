@@ -10,8 +10,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use common::{key, payload, small};
-use lookup_core::OffloadKey;
-use tier_disk::{DiskConfig, DiskTier};
+use kvtier_core::OffloadKey;
+use kvtier_disk::{DiskConfig, DiskTier};
 
 const KEYS: u64 = 400;
 

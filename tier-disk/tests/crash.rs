@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{key, payload};
-use lookup_core::OffloadKey;
-use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
+use kvtier_core::OffloadKey;
+use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 
 const DIR_VAR: &str = "KVTIER_CRASH_DIR";
 const START_VAR: &str = "KVTIER_CRASH_START";

@@ -7,8 +7,8 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 
 use common::{key, payload, small};
-use lookup_core::{OffloadKey, ReqContext, Tier, TierErrorKind};
-use tier_disk::{DiskConfig, DiskError, DiskTier, FsyncPolicy};
+use kvtier_core::{OffloadKey, ReqContext, Tier, TierErrorKind};
+use kvtier_disk::{DiskConfig, DiskError, DiskTier, FsyncPolicy};
 
 #[test]
 fn store_load_remove_round_trip() {

@@ -3,11 +3,11 @@
 //! need a nightly toolchain, which this project's CI does not have; this
 //! runs a bounded number of cases on stable in every CI run.)
 
-use proptest::prelude::*;
-use tier_disk::format::{
+use kvtier_disk::format::{
     self, Counters, HEADER_SIZE, IndexHeader, Location, Slot, encode_live_slot, encode_record,
     parse_record, parse_record_header, parse_slot,
 };
+use proptest::prelude::*;
 
 proptest! {
     #[test]

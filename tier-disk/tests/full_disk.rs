@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{key, payload};
-use tier_disk::{DiskConfig, DiskError, DiskTier, FsyncPolicy};
+use kvtier_disk::{DiskConfig, DiskError, DiskTier, FsyncPolicy};
 
 /// A small filesystem mounted on a fresh directory; unmounted on drop.
 struct Mount {

@@ -24,9 +24,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use common::key;
+use kvtier_disk::format::COUNTERS_AT;
+use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use proptest::prelude::*;
-use tier_disk::format::COUNTERS_AT;
-use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 
 const CASES: u32 = 512;
 

@@ -9,8 +9,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use common::{key, payload, small};
-use tier_disk::format::{COUNTERS_AT, RECORD_HEADER_SIZE, record_size};
-use tier_disk::{DiskError, DiskTier};
+use kvtier_disk::format::{COUNTERS_AT, RECORD_HEADER_SIZE, record_size};
+use kvtier_disk::{DiskError, DiskTier};
 
 const KEY_LEN: usize = 36;
 

@@ -10,9 +10,9 @@
 //! assertions.
 //!
 //! ```
-//! use lookup_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+//! use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
 //! use std::sync::Arc;
-//! use tier_mock::{MockConfig, MockTier};
+//! use kvtier_mock::{MockConfig, MockTier};
 //!
 //! let tier = Arc::new(MockTier::new(MockConfig::default()));
 //! let key = OffloadKey::new(&[1; 36]);
@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use lookup_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
+use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
 use serde::{Deserialize, Serialize};
 
 type KeySet = HashSet<OffloadKey, foldhash::fast::RandomState>;

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lookup_core::testkit::{self, TierFixture};
-use lookup_core::{OffloadKey, TierError};
-use tier_mock::{MockConfig, MockTier};
+use kvtier_core::testkit::{self, TierFixture};
+use kvtier_core::{OffloadKey, TierError};
+use kvtier_mock::{MockConfig, MockTier};
 
 struct MockFixture(Arc<MockTier>);
 

@@ -1,6 +1,6 @@
 //! Errors of the Redis tier, classified with the client's own predicates.
 
-use lookup_core::{TierError, TierErrorKind};
+use kvtier_core::{TierError, TierErrorKind};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// What went wrong talking to Redis. Messages name the endpoint (without

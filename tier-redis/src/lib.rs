@@ -36,8 +36,8 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use lookup_core::{LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
-//! use tier_redis::{RedisConfig, RedisTier};
+//! use kvtier_core::{LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+//! use kvtier_redis::{RedisConfig, RedisTier};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # // Runs against the server of `scripts/services.sh`; skipped loudly
@@ -86,7 +86,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};

@@ -5,9 +5,9 @@ use kvtier_test_services as support;
 
 use std::sync::Arc;
 
-use lookup_core::testkit::{self, TierFixture};
-use lookup_core::{OffloadKey, TierError};
-use tier_redis::{RedisConfig, RedisTier};
+use kvtier_core::testkit::{self, TierFixture};
+use kvtier_core::{OffloadKey, TierError};
+use kvtier_redis::{RedisConfig, RedisTier};
 
 struct RedisFixture(Arc<RedisTier>);
 

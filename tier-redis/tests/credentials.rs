@@ -4,9 +4,9 @@
 
 use kvtier_test_services as support;
 
-use lookup_core::testkit::unique_keys;
-use lookup_core::{ReqContext, Tier};
-use tier_redis::{RedisConfig, RedisTier, RedisTierError};
+use kvtier_core::testkit::unique_keys;
+use kvtier_core::{ReqContext, Tier};
+use kvtier_redis::{RedisConfig, RedisTier, RedisTierError};
 
 const SECRET: &str = "Sup3rSecret";
 /// `SECRET` percent-encoded, as a URL may carry it.

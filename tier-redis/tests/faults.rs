@@ -8,10 +8,10 @@ use kvtier_test_services as support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lookup_core::testkit::unique_keys;
-use lookup_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_core::testkit::unique_keys;
+use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_redis::{RedisConfig, RedisTier};
 use support::{PrivateCluster, PrivateServer};
-use tier_redis::{RedisConfig, RedisTier};
 
 fn manager_config() -> ManagerConfig {
     ManagerConfig {

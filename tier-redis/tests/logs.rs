@@ -6,9 +6,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lookup_core::testkit::unique_keys;
-use lookup_core::{LookupVerdict, ManagerConfig, ReqContext};
-use tier_redis::{RedisConfig, RedisTier};
+use kvtier_core::testkit::unique_keys;
+use kvtier_core::{LookupVerdict, ManagerConfig, ReqContext};
+use kvtier_redis::{RedisConfig, RedisTier};
 
 const SECRET: &str = "Sup3rSecret";
 

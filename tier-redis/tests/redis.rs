@@ -5,10 +5,10 @@ use kvtier_test_services as support;
 
 use std::time::{Duration, Instant};
 
-use lookup_core::testkit::unique_keys;
-use lookup_core::{OffloadKey, ReqContext, Tier, TierErrorKind};
+use kvtier_core::testkit::unique_keys;
+use kvtier_core::{OffloadKey, ReqContext, Tier, TierErrorKind};
+use kvtier_redis::{RedisConfig, RedisTier, RedisTierError};
 use support::PrivateServer;
-use tier_redis::{RedisConfig, RedisTier, RedisTierError};
 
 fn tiers(test: &str) -> Vec<RedisTier> {
     let mut tiers = Vec::new();
@@ -126,7 +126,10 @@ async fn lookups_without_the_lean_path_give_the_same_answers() {
         assert_eq!(lean, redis_rs, "{}", tier.endpoint());
         assert_eq!(lean.iter().filter(|&&f| f).count(), 1_500);
         assert!(tier.pipeline_stats().lean > 0);
-        assert_eq!(plain.pipeline_stats(), tier_redis::PipelineStats::default());
+        assert_eq!(
+            plain.pipeline_stats(),
+            kvtier_redis::PipelineStats::default()
+        );
     }
 }
 

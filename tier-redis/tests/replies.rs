@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use lookup_core::testkit::unique_keys;
-use tier_redis::{RedisConfig, RedisTier, RedisTierError};
+use kvtier_core::testkit::unique_keys;
+use kvtier_redis::{RedisConfig, RedisTier, RedisTierError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -28,8 +28,8 @@
 //! container, instance metadata).
 //!
 //! ```
-//! use lookup_core::OffloadKey;
-//! use tier_s3::{S3Config, S3Tier};
+//! use kvtier_core::OffloadKey;
+//! use kvtier_s3::{S3Config, S3Tier};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # // Runs against the S3 server of `scripts/services.sh` (credentials from
@@ -77,7 +77,7 @@ use aws_sdk_s3::config::{Credentials, Region};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use futures_util::StreamExt;
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
     TierErrorKind,
 };

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvtier_core::testkit::{self, TierFixture, unique_keys};
+use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
+use kvtier_s3::{S3Config, S3Tier, S3TierError};
 use kvtier_test_services::required;
-use lookup_core::testkit::{self, TierFixture, unique_keys};
-use lookup_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
-use tier_s3::{S3Config, S3Tier, S3TierError};
 
 /// The configured server, or `None` after saying loudly that the test skipped.
 fn config(test: &str) -> Option<S3Config> {
@@ -581,14 +581,14 @@ async fn a_bucket_deleted_while_running_is_a_configuration_error_not_a_miss() {
     );
     // Through the manager: counted as errors, not misses.
     let mut manager = tier
-        .manager(lookup_core::ManagerConfig {
+        .manager(kvtier_core::ManagerConfig {
             failure_backoff_ms: 60_000,
-            ..lookup_core::ManagerConfig::named("s3-gone")
+            ..kvtier_core::ManagerConfig::named("s3-gone")
         })
         .unwrap();
     let ctx = ReqContext::new("r");
     let start = Instant::now();
-    while manager.lookup(&keys[1], &ctx).unwrap() == lookup_core::LookupVerdict::Pending {
+    while manager.lookup(&keys[1], &ctx).unwrap() == kvtier_core::LookupVerdict::Pending {
         assert!(start.elapsed() < Duration::from_secs(10), "no verdict");
         manager.flush();
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -611,15 +611,15 @@ fn the_manager_counts_a_refused_connection_as_an_error_not_a_timeout() {
         .unwrap(),
     );
     let mut manager = tier
-        .manager(lookup_core::ManagerConfig {
+        .manager(kvtier_core::ManagerConfig {
             failure_backoff_ms: 60_000,
-            ..lookup_core::ManagerConfig::default()
+            ..kvtier_core::ManagerConfig::default()
         })
         .unwrap();
     let ctx = ReqContext::new("r");
     let key = &unique_keys(1, 36)[0];
     let start = Instant::now();
-    while manager.lookup(key, &ctx).unwrap() == lookup_core::LookupVerdict::Pending {
+    while manager.lookup(key, &ctx).unwrap() == kvtier_core::LookupVerdict::Pending {
         assert!(start.elapsed() < Duration::from_secs(10), "no verdict");
         manager.flush();
         std::thread::sleep(Duration::from_millis(5));

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use lookup_core::OffloadKey;
+use kvtier_core::OffloadKey;
 
 /// A key from a Python object: `bytes` only (`TypeError` otherwise). The
 /// length is checked by the manager (`ValueError`).

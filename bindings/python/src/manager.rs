@@ -11,13 +11,13 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
 
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, Blocking, DynLookupManager, LookupError, LookupVerdict, ManagerConfig,
     ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
 };
-use tier_disk::{DiskConfig, DiskTier};
-use tier_redis::{RedisConfig, RedisTier};
-use tier_s3::S3Config;
+use kvtier_disk::{DiskConfig, DiskTier};
+use kvtier_redis::{RedisConfig, RedisTier};
+use kvtier_s3::S3Config;
 
 use crate::convert;
 use crate::native::{self, Native};
@@ -211,9 +211,9 @@ fn manager_config(mut cfg: ManagerConfig, name: &str) -> ManagerConfig {
     cfg
 }
 
-fn build_err(e: lookup_core::ManagerError) -> PyErr {
+fn build_err(e: kvtier_core::ManagerError) -> PyErr {
     match e {
-        lookup_core::ManagerError::InvalidConfig { .. } => PyValueError::new_err(e.to_string()),
+        kvtier_core::ManagerError::InvalidConfig { .. } => PyValueError::new_err(e.to_string()),
         other => KvtierError::new_err(other.to_string()),
     }
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use lookup_core::OffloadKey;
-use tier_disk::DiskTier;
-use tier_redis::RedisTier;
-use tier_s3::{S3Config, S3Tier};
+use kvtier_core::OffloadKey;
+use kvtier_disk::DiskTier;
+use kvtier_redis::RedisTier;
+use kvtier_s3::{S3Config, S3Tier};
 
 use crate::{KvtierError, TierError};
 

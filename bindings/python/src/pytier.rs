@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyList, PyWeakrefReference};
 
-use lookup_core::{OffloadKey, ReqContext, SyncTier, TierError, TierErrorKind};
+use kvtier_core::{OffloadKey, ReqContext, SyncTier, TierError, TierErrorKind};
 
 /// What the scheduler side and the worker share about Python calls.
 #[derive(Debug, Default)]

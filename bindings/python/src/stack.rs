@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use lookup_core::{
+use kvtier_core::{
     DynLookupManager, LookupError, LookupVerdict, ManagerStats, OffloadKey, PrefixVerdict,
     ReqContext, ShutdownReport, StackPolicy, StackVerdict, TierStack,
 };

@@ -4,7 +4,7 @@
 //! synchronous one (an in-process index or a blocking client), wrapped in
 //! `Blocking` so it runs on the worker's blocking pool. Both go into one
 //! `TierStack`, which tells, per leading block, which tier to load from.
-//! At the end the async tier goes through `lookup_core::testkit`, the
+//! At the end the async tier goes through `kvtier_core::testkit`, the
 //! conformance suite every kvtier tier passes: put that call in a test of
 //! your own tier's crate (`lookup-core` with the `testkit` feature as a
 //! dev-dependency).
@@ -19,8 +19,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use lookup_core::testkit::{self, TierFixture};
-use lookup_core::{
+use kvtier_core::testkit::{self, TierFixture};
+use kvtier_core::{
     AsyncLookupManager, Blocking, ManagerConfig, OffloadKey, ReqContext, StackVerdict, SyncTier,
     Tier, TierError, TierErrorKind, TierStack,
 };

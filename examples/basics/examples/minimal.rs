@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lookup_core::{AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext};
-use tier_mock::{MockConfig, MockTier};
+use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext};
+use kvtier_mock::{MockConfig, MockTier};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Any `Tier` works here: the disk, Redis or S3 tier, or your own.

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use examples::{CountingAlloc, Rng, key_from_id, micros, quantile};
-use lookup_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
+use kvtier_mock::{MockConfig, MockTier, RequestFault};
 use serde_json::{Value, json};
-use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
-use tier_mock::{MockConfig, MockTier, RequestFault};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
@@ -167,7 +167,7 @@ fn quiet_mock() -> Arc<MockTier> {
 }
 
 /// Looks up every key until none is pending.
-fn resolve_all<T: lookup_core::Tier>(
+fn resolve_all<T: kvtier_core::Tier>(
     m: &mut AsyncLookupManager<T>,
     keys: &[OffloadKey],
     ctx: &ReqContext,
@@ -214,7 +214,7 @@ fn w1(cli: &Cli) -> Result<Value, Failure> {
         .map(|_| rng.below(n_keys as u64) as usize)
         .collect();
     // The manager's own key maps pass the key's precomputed hash through.
-    let fast: HashMap<OffloadKey, bool, lookup_core::BuildPrehashed> = keys
+    let fast: HashMap<OffloadKey, bool, kvtier_core::BuildPrehashed> = keys
         .iter()
         .enumerate()
         .map(|(i, k)| (k.clone(), i % 2 == 0))
@@ -502,7 +502,7 @@ fn minimal_step_loop(
         present: &'a [bool],
         verdicts: Vec<u8>,
     }
-    let mut state: HashMap<OffloadKey, u8, lookup_core::BuildPrehashed> = HashMap::default();
+    let mut state: HashMap<OffloadKey, u8, kvtier_core::BuildPrehashed> = HashMap::default();
     let truth: HashMap<&OffloadKey, bool> = plan
         .iter()
         .flatten()
@@ -946,7 +946,7 @@ async fn raw_redis_loop(urls: &[String], prefix: &str, steps: &[Step]) -> Result
         conns.push(client.get_multiplexed_async_connection().await?);
     }
     let owner = |name: &[u8]| -> usize {
-        let slot = tier_redis::slot::key_slot(name);
+        let slot = kvtier_redis::slot::key_slot(name);
         ranges
             .iter()
             .find(|&&(a, b, _)| a <= slot && slot <= b)
@@ -1307,10 +1307,10 @@ fn w3(cli: &Cli) -> Result<Vec<Value>, Failure> {
         .build()?;
     let mut lines = Vec::new();
     for (label, config) in [
-        ("redis", single.map(tier_redis::RedisConfig::from_url)),
+        ("redis", single.map(kvtier_redis::RedisConfig::from_url)),
         (
             "redis-cluster",
-            cluster.map(|urls| tier_redis::RedisConfig::cluster(urls.split(','))),
+            cluster.map(|urls| kvtier_redis::RedisConfig::cluster(urls.split(','))),
         ),
     ] {
         let Some(config) = config else { continue };
@@ -1331,7 +1331,7 @@ fn w3_one(
     cli: &Cli,
     rt: &tokio::runtime::Runtime,
     label: &str,
-    config: tier_redis::RedisConfig,
+    config: kvtier_redis::RedisConfig,
     urls: &[String],
 ) -> Result<Value, Failure> {
     const STEP: usize = 1024;
@@ -1345,7 +1345,7 @@ fn w3_one(
     // the end): names of 52 bytes, not much longer than the default's 43.
     let run = (Rng::new(cli.seed).next_u64() ^ u64::from(std::process::id())) as u32;
     let prefix = format!("kvtier:{run:08x}:");
-    let tier = Arc::new(tier_redis::RedisTier::new(tier_redis::RedisConfig {
+    let tier = Arc::new(kvtier_redis::RedisTier::new(kvtier_redis::RedisConfig {
         key_prefix: prefix.clone(),
         ..config
     })?);
@@ -1609,21 +1609,21 @@ fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
         .enable_all()
         .build()?;
     let run = Rng::new(cli.seed).next_u64() ^ std::process::id() as u64;
-    let base = tier_s3::S3Config {
+    let base = kvtier_s3::S3Config {
         endpoint: Some(endpoint),
         force_path_style: true,
         prefix: format!("kvbench-{run:x}/"),
-        ..tier_s3::S3Config::new(bucket.clone())
+        ..kvtier_s3::S3Config::new(bucket.clone())
     };
     let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, 36)).collect();
-    let loader = rt.block_on(tier_s3::S3Tier::new(base.clone()))?;
+    let loader = rt.block_on(kvtier_s3::S3Tier::new(base.clone()))?;
     rt.block_on(loader.store_many(preload.iter().map(|k| (k.clone(), vec![0u8; 64])).collect()))?;
     let names: Vec<String> = preload.iter().map(|k| loader.object_name(k)).collect();
 
     let mut lines = Vec::new();
     let mut absent_id = 1u64 << 52;
     for concurrency in [1usize, 16, 64] {
-        let tier = Arc::new(rt.block_on(tier_s3::S3Tier::new(tier_s3::S3Config {
+        let tier = Arc::new(rt.block_on(kvtier_s3::S3Tier::new(kvtier_s3::S3Config {
             max_concurrent_requests: concurrency,
             ..base.clone()
         }))?);
@@ -1777,7 +1777,7 @@ fn unpark_me() -> impl Fn() + Send + Sync + 'static {
 /// nothing is queued or in flight (parked until the manager's wake hook, see
 /// [`unpark_me`], or 1 ms), then checks every verdict against the truth and
 /// cleans up. Returns keys/s and the number of wrong verdicts.
-fn back_to_back<T: lookup_core::Tier>(
+fn back_to_back<T: kvtier_core::Tier>(
     m: &mut AsyncLookupManager<T>,
     steps: &[Step],
     limit: Duration,
@@ -1818,7 +1818,7 @@ fn back_to_back<T: lookup_core::Tier>(
 /// Runs steps one at a time: lookups, flush, then polls every 0.1 ms until
 /// every key has a verdict. Returns each key's time to verdict (µs, from the
 /// flush) and the number of wrong verdicts.
-fn polled<T: lookup_core::Tier>(
+fn polled<T: kvtier_core::Tier>(
     m: &mut AsyncLookupManager<T>,
     steps: Vec<Step>,
     limit: Duration,

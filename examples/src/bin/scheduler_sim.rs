@@ -34,15 +34,15 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use examples::{Rng, key_from_id, micros, plot, quantile};
-use lookup_core::{
+use kvtier_core::{
     AsyncLookupManager, ManagerConfig, ManagerStats, OffloadKey, ReqContext, StackVerdict,
     TierStack,
 };
+use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
+use kvtier_mock::{MockConfig, MockTier};
+use kvtier_redis::{RedisConfig, RedisTier};
+use kvtier_s3::{S3Config, S3Tier};
 use serde_json::json;
-use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
-use tier_mock::{MockConfig, MockTier};
-use tier_redis::{RedisConfig, RedisTier};
-use tier_s3::{S3Config, S3Tier};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use lookup_core::OffloadKey;
-use tier_disk::{DiskConfig, DiskTier, FsyncPolicy};
+use kvtier_core::OffloadKey;
+use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 
 /// Keys per batch, as a scheduler asks for them.
 pub const BATCH: usize = 1024;

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use lookup_core::OffloadKey;
-use tier_disk::{DiskConfig, FsyncPolicy};
+use kvtier_core::OffloadKey;
+use kvtier_disk::{DiskConfig, FsyncPolicy};
 
 /// A 36-byte key for `i`.
 pub fn key(i: u64) -> OffloadKey {
