@@ -156,3 +156,41 @@ pub enum ManagerError {
         source: std::io::Error,
     },
 }
+
+/// `err` and its sources on one line, `a: b: c`, leaving out a source whose
+/// text the line already holds (wrappers often repeat their source). The
+/// form of [`ManagerStats::first_error`](crate::ManagerStats::first_error);
+/// programs can print their own errors the same way.
+pub fn one_line(err: &dyn std::error::Error) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = e.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod one_line_tests {
+    use super::*;
+
+    #[test]
+    fn sources_join_on_one_line_without_repeats() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let err =
+            TierError::new(TierErrorKind::Unavailable, "connect to 127.0.0.1:1").with_source(io);
+        assert_eq!(
+            one_line(&err),
+            "unavailable error: connect to 127.0.0.1:1: connection refused"
+        );
+        let repeated = TierError::new(TierErrorKind::Other, "connection refused").with_source(
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"),
+        );
+        assert_eq!(one_line(&repeated), "other error: connection refused");
+    }
+}

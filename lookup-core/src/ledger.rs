@@ -600,22 +600,6 @@ struct StepState {
     started: bool,
 }
 
-/// An error and its sources on one line, leaving out a source whose text
-/// the line already holds.
-fn one_line(err: &dyn std::error::Error) -> String {
-    let mut line = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        let text = e.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = e.source();
-    }
-    line
-}
-
 /// The manager's state machine; see the [module docs](self).
 #[derive(Debug)]
 pub struct Ledger {
@@ -1212,7 +1196,7 @@ impl Ledger {
                 tracing::warn!(tier = %self.tier, keys = call.keys.len(), error = %err, "tier call failed");
                 self.counters
                     .first_error
-                    .get_or_insert_with(|| one_line(&err));
+                    .get_or_insert_with(|| crate::error::one_line(&err));
                 err.kind()
             }
             CallOutcome::TimedOut => {

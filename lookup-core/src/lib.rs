@@ -76,7 +76,7 @@ mod worker;
 pub mod testkit;
 
 pub use config::ManagerConfig;
-pub use error::{LookupError, ManagerError, TierError, TierErrorKind};
+pub use error::{LookupError, ManagerError, TierError, TierErrorKind, one_line};
 pub use key::{BuildPrehashed, INLINE_KEY_CAPACITY, OffloadKey, PrehashedHasher, ReqContext};
 pub use ledger::{LookupVerdict, PrefixVerdict};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};

@@ -36,7 +36,7 @@ use clap::Parser;
 use examples::{Rng, key_from_id, micros, plot, quantile};
 use kvtier_core::{
     AsyncLookupManager, ManagerConfig, ManagerStats, OffloadKey, ReqContext, StackVerdict,
-    TierStack,
+    TierStack, one_line,
 };
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use kvtier_mock::{MockConfig, MockTier};
@@ -143,22 +143,6 @@ fn fraction(s: &str) -> Result<f64, String> {
         Ok(_) => Err("must be a number from 0 to 1".to_owned()),
         Err(e) => Err(format!("not a number: {e}")),
     }
-}
-
-/// An error and its sources on one line, leaving out a source whose text
-/// the line already holds.
-fn one_line(err: &dyn std::error::Error) -> String {
-    let mut line = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        let text = e.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = e.source();
-    }
-    line
 }
 
 /// `err` as a one-line cause naming `tier`.
