@@ -161,7 +161,13 @@ pub(crate) fn redact(raw: &str) -> String {
     let Ok(mut url) = url::Url::parse(raw) else {
         return redact_unparsed(raw);
     };
-    if url.cannot_be_a_base() {
+    // An '@' in the query or fragment means a password held a '?' or '#'
+    // unencoded (`redis://u:12#x@h` parses as host u, port 12): what looks
+    // like a host or port may be part of the secret.
+    if url.cannot_be_a_base()
+        || url.query().is_some_and(|q| q.contains('@'))
+        || url.fragment().is_some_and(|f| f.contains('@'))
+    {
         return redact_unparsed(raw);
     }
     let masked_userinfo = if url.password().is_some() {
@@ -208,23 +214,35 @@ fn redact_unparsed(raw: &str) -> String {
         }
         _ => (String::new(), raw),
     };
-    let (head, tail) = match rest.find(['?', '#']) {
-        Some(at) => (&rest[..at], Some(&rest[at..at + 1])),
-        None => (rest, None),
-    };
+    let slashes = &rest[..rest.len() - rest.trim_start_matches('/').len()];
+    let body = &rest[slashes.len()..];
     let mut out = scheme;
-    match head.rfind('@') {
-        Some(at) => {
-            let slashes = &head[..head.len() - head.trim_start_matches('/').len()];
-            out.push_str(slashes);
-            out.push_str("***@");
-            out.push_str(&head[at + 1..]);
-        }
-        None => out.push_str(head),
-    }
-    if let Some(mark) = tail {
-        out.push_str(mark);
+    out.push_str(slashes);
+    // A '?' or '#' before the last '@': a password holding them unencoded,
+    // or a query value with an '@'. Userinfo, host and query cannot be told
+    // apart, so nothing after the scheme is shown.
+    if let (Some(mark), Some(at)) = (body.find(['?', '#']), body.rfind('@'))
+        && mark < at
+    {
         out.push_str("***");
+        return out;
+    }
+    // Everything up to the last '@' is userinfo; a query or fragment after
+    // the host is masked too.
+    let host = match body.rfind('@') {
+        Some(at) => {
+            out.push_str("***@");
+            &body[at + 1..]
+        }
+        None => body,
+    };
+    match host.find(['?', '#']) {
+        Some(at) => {
+            out.push_str(&host[..at]);
+            out.push_str(&host[at..at + 1]);
+            out.push_str("***");
+        }
+        None => out.push_str(host),
     }
     out
 }
@@ -361,6 +379,13 @@ mod tests {
             ("redis:u:pw@h", "redis:***@h"),
             ("unix://u:pw@/r.sock", "unix://***@/r.sock"),
             ("not a url", "not a url"),
+            // A password holding '#' or '?' unencoded: nothing of it shows.
+            ("redis://user:secret#1@host:6379", "redis://***"),
+            ("redis://u:1234#x@h", "redis://***"),
+            ("redis://u:pa?ss@h:1/", "redis://***"),
+            ("rediss://u:s#e?c@r@h:1/0?db=1", "rediss://***"),
+            // A query value holding an '@': the values after it stay hidden.
+            ("redis+unix:///r.sock?user=a@b&pass=x", "redis+unix:///***"),
         ] {
             assert_eq!(redact(raw), shown, "{raw}");
         }
