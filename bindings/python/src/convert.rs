@@ -174,7 +174,7 @@ where
                 serde_json::from_value::<T>(Value::Object(alone)).map(drop)
             };
             if let Err(e) = checked {
-                return Err(field_error(&name, &e));
+                return Err(field_error(&name, &e, &type_name(&value)));
             }
             let target = if is_manager { &mut manager } else { &mut tier };
             target.insert(name, json);
@@ -187,8 +187,20 @@ where
     Ok((m, t))
 }
 
-fn field_error(name: &str, e: &serde_json::Error) -> PyErr {
-    PyValueError::new_err(format!("configuration field `{name}`: {e}"))
+/// An ill-typed or out-of-range field, named with what it expects and the
+/// Python type it got. serde's own message quotes the value, and a value
+/// may be a secret (a password, or a URL holding one, passed where a list
+/// or another type was expected), so only its "expected ..." part is kept.
+fn field_error(name: &str, e: &serde_json::Error, got: &str) -> PyErr {
+    let text = e.to_string();
+    let expected = text
+        .find("expected ")
+        .map_or("is not a valid value for this field", |at| {
+            text[at..].split(" at line ").next().unwrap_or(&text[at..])
+        });
+    PyValueError::new_err(format!(
+        "configuration field `{name}`: {expected} (got a value of type {got})"
+    ))
 }
 
 /// A JSON value as a Python object (for stats).

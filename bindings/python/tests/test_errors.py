@@ -94,6 +94,22 @@ def test_native_configuration_fields_are_checked_by_name(tmp_path):
         kvtier.S3LookupManager()  # no bucket
 
 
+def test_an_ill_typed_secret_is_not_echoed_in_the_error(tmp_path):
+    # A URL with a password where a list was expected, a password where a
+    # string was expected: the error names the field and the type, never
+    # the value.
+    with pytest.raises(ValueError, match="cluster_urls") as err:
+        kvtier.RedisLookupManager(cluster_urls="redis://:hunter2secret@127.0.0.1:1")
+    assert "hunter2secret" not in str(err.value)
+    assert "str" in str(err.value)
+    with pytest.raises(ValueError, match="password") as err:
+        kvtier.RedisLookupManager(url="redis://127.0.0.1:1/", password=31415926)
+    assert "31415926" not in str(err.value)
+    with pytest.raises(ValueError, match="secret_access_key") as err:
+        kvtier.S3LookupManager(bucket="b", secret_access_key=["s3cr3t-value"])
+    assert "s3cr3t-value" not in str(err.value)
+
+
 def test_a_subclass_that_forgets_super_init_gets_a_clear_error(ctx):
     class Forgetful(kvtier.AsyncLookupManager):
         def __init__(self):
