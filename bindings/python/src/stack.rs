@@ -62,10 +62,12 @@ pub(crate) struct PyTierStack {
 }
 
 impl PyTierStack {
+    /// Runs `f` on the stack without the GIL. The members' own locks may
+    /// be held by a thread waiting on the worker (a member's `shutdown`),
+    /// and the worker may need the GIL to finish a Python `batch_lookup`:
+    /// blocking on a member with the GIL held would stall the interpreter.
+    /// Nothing `f` does needs the GIL (members call the Rust managers).
     fn with_stack<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut TierStack) -> R + Send) -> R {
-        if let Ok(mut stack) = self.stack.try_lock() {
-            return f(&mut stack);
-        }
         py.allow_threads(|| f(&mut self.stack.lock().unwrap_or_else(PoisonError::into_inner)))
     }
 }

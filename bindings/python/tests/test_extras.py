@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 import kvtier
-from conftest import InMemoryLookupManager, ReqContext, key, require_env, resolve, wait_for
+from conftest import GUARD, InMemoryLookupManager, ReqContext, key, require_env, resolve, wait_for
 from test_native import unique_prefix
 
 
@@ -128,3 +131,50 @@ def test_tier_stack_rejects_what_is_not_a_manager():
             kvtier.TierStack([m], policy="fastest")
     finally:
         m.shutdown()
+
+
+def test_a_stack_lookup_never_holds_the_gil_while_a_member_shuts_down(ctx):
+    # Thread B shuts a member down: it waits (without the GIL) for the
+    # worker, whose Python batch_lookup needs the GIL to finish its busy
+    # loop. Meanwhile the scheduler thread keeps asking the stack. If a
+    # stack lookup blocked on the member with the GIL held, batch_lookup
+    # could not finish and shutdown would run into its 4 s timeout.
+    entered = threading.Event()
+
+    class Busy(InMemoryLookupManager):
+        def batch_lookup(self, keys, req_context):
+            entered.set()
+            end = time.monotonic() + 0.4
+            n = 0
+            while time.monotonic() < end:  # pure Python: needs the GIL
+                n += 1
+            return [True] * len(keys)
+
+    busy = Busy(shutdown_timeout_ms=4000, call_timeout_ms=60_000)
+    other = InMemoryLookupManager(existing_keys=[key(1)])
+    stack = kvtier.TierStack([busy, other])
+    try:
+        assert stack.lookup_prefix([key(1)], ctx) is None
+        stack.flush()
+        assert entered.wait(GUARD)
+        took = []
+
+        def shut_down():
+            start = time.monotonic()
+            busy.shutdown()
+            took.append(time.monotonic() - start)
+
+        b = threading.Thread(target=shut_down)
+        b.start()
+        deadline = time.monotonic() + GUARD
+        while b.is_alive() and time.monotonic() < deadline:
+            try:
+                stack.lookup_prefix([key(1)], ctx)
+            except kvtier.ShutDownError:
+                break  # the member finished shutting down
+        b.join(GUARD)
+        assert took, "shutdown did not return"
+        assert took[0] < 1.5, f"shutdown took {took[0]:.2f} s: the stack held the GIL"
+        assert busy.stats()["errors"] == 0, "the busy call was abandoned"
+    finally:
+        stack.shutdown()
