@@ -79,7 +79,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures_util::StreamExt;
 use kvtier_core::{
     AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
-    TierErrorKind,
+    TierErrorKind, one_line,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -408,19 +408,6 @@ fn is_connection_refused(err: &(dyn StdError + 'static)) -> bool {
     })
 }
 
-/// The messages of the chain, joined, without repeats (wrappers often
-/// repeat their source's message).
-fn chain_message(err: &(dyn StdError + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for e in error_chain(err) {
-        let text = e.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-    }
-    parts.join(": ")
-}
-
 /// Forbids the SDK's retries of a refused connection: nothing listens at
 /// the endpoint, and waiting out backoffs would turn a clear "connection
 /// refused" into a timeout (the lookup manager backs off by itself).
@@ -744,7 +731,7 @@ impl S3Tier {
                 status: 0,
                 reason: format!(
                     "no credentials found; looked in {CREDENTIAL_SOURCES} ({})",
-                    self.scrub(chain_message(whole))
+                    self.scrub(one_line(whole))
                 ),
             },
             (_, Some(CredentialsError::InvalidConfiguration(_))) => S3TierError::Configuration {
@@ -752,7 +739,7 @@ impl S3Tier {
                 endpoint,
                 op,
                 status: 0,
-                reason: format!("bad credentials: {}", self.scrub(chain_message(whole))),
+                reason: format!("bad credentials: {}", self.scrub(one_line(whole))),
             },
             (_, Some(CredentialsError::ProviderTimedOut(_))) => S3TierError::Timeout {
                 bucket,
@@ -765,7 +752,7 @@ impl S3Tier {
                 op,
                 detail: format!(
                     "the credentials provider failed: {}",
-                    self.scrub(chain_message(whole))
+                    self.scrub(one_line(whole))
                 ),
             },
             (SdkError::TimeoutError(_), None) => S3TierError::Timeout {
@@ -792,7 +779,7 @@ impl S3Tier {
                 bucket,
                 endpoint,
                 op,
-                detail: self.scrub(chain_message(whole)),
+                detail: self.scrub(one_line(whole)),
             },
             (SdkError::ServiceError(service), None) => {
                 let status = service.raw().status().as_u16();
@@ -848,13 +835,13 @@ impl S3Tier {
                 bucket,
                 endpoint,
                 op,
-                detail: format!("unreadable response: {}", self.scrub(chain_message(whole))),
+                detail: format!("unreadable response: {}", self.scrub(one_line(whole))),
             },
             (_, None) => S3TierError::Other {
                 bucket,
                 endpoint,
                 op,
-                detail: self.scrub(chain_message(whole)),
+                detail: self.scrub(one_line(whole)),
             },
         };
         self.log_if_configuration(&classified);
