@@ -298,6 +298,19 @@ struct Cohort {
     remaining: usize,
 }
 
+/// The 1 ms between two scheduler steps, slept or (`--spin-poll`) spun;
+/// the manager's step loop and its baseline are paced by this one function.
+fn pace_step(cli: &Cli) {
+    if cli.spin_poll {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(1) {
+            std::hint::spin_loop();
+        }
+    } else {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// W2 and W2-slow: a cohort of 64 requests × 32 keys arrives every step;
 /// each step looks up every (request, key) without a verdict, flushes, and
 /// sleeps 1 ms. Half of each request's keys are shared by 4 requests, half
@@ -432,14 +445,7 @@ fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
             false
         });
         step += 1;
-        if cli.spin_poll {
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_millis(1) {
-                std::hint::spin_loop();
-            }
-        } else {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        pace_step(cli);
     }
     // Let any retained in-flight probe land, then check nothing is left.
     let wait = Instant::now();
@@ -593,14 +599,7 @@ fn minimal_step_loop(
             }
             false
         });
-        if cli.spin_poll {
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_millis(1) {
-                std::hint::spin_loop();
-            }
-        } else {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        pace_step(cli);
     }
     if verdict_errors > 0 || !state.is_empty() {
         return Err(format!(
