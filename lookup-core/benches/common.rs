@@ -54,6 +54,19 @@ pub fn resolved(n: u64, ctx: &ReqContext) -> (Ledger, Vec<OffloadKey>) {
     (l, keys)
 }
 
+/// A fresh ledger in which every request of `step` has looked up its keys
+/// (new keys, not yet flushed).
+pub fn looked_up(step: &[(ReqContext, Vec<OffloadKey>)]) -> Ledger {
+    let mut l = ledger(1 << 20);
+    let mut now = LazyNow::new();
+    for (ctx, keys) in step {
+        for k in keys {
+            l.lookup(k, ctx, &mut now).ok();
+        }
+    }
+    l
+}
+
 /// The w2 step shape: `requests` requests of `per_request` keys, half of
 /// each request's keys shared by groups of 4 requests.
 pub fn step_keys(

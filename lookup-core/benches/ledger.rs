@@ -15,7 +15,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use kvtier_core::ReqContext;
 use kvtier_core::ledger::{CallOutcome, LazyNow};
 
-use common::{flush_and_answer, key, ledger, resolved, step_keys};
+use common::{flush_and_answer, key, ledger, looked_up, resolved, step_keys};
 
 fn lookup_resolved(c: &mut Criterion) {
     let ctx = ReqContext::new("bench");
@@ -51,16 +51,7 @@ fn flush_step(c: &mut Criterion) {
     let step = step_keys(0, 64, 32);
     c.bench_function("flush_2048", |b| {
         b.iter_batched_ref(
-            || {
-                let mut l = ledger(1 << 20);
-                let mut now = LazyNow::new();
-                for (ctx, keys) in &step {
-                    for k in keys {
-                        l.lookup(k, ctx, &mut now).ok();
-                    }
-                }
-                l
-            },
+            || looked_up(&step),
             |l| {
                 let now = Instant::now();
                 l.flush(now);
@@ -78,13 +69,7 @@ fn complete_step(c: &mut Criterion) {
     c.bench_function("complete_2048", |b| {
         b.iter_batched_ref(
             || {
-                let mut l = ledger(1 << 20);
-                let mut now = LazyNow::new();
-                for (ctx, keys) in &step {
-                    for k in keys {
-                        l.lookup(k, ctx, &mut now).ok();
-                    }
-                }
+                let mut l = looked_up(&step);
                 let t = Instant::now();
                 l.flush(t);
                 let calls: Vec<_> = std::iter::from_fn(|| l.next_call(t)).collect();
@@ -107,13 +92,7 @@ fn cleanup_step(c: &mut Criterion) {
     c.bench_function("cleanup_64x32", |b| {
         b.iter_batched_ref(
             || {
-                let mut l = ledger(1 << 20);
-                let mut now = LazyNow::new();
-                for (ctx, keys) in &step {
-                    for k in keys {
-                        l.lookup(k, ctx, &mut now).ok();
-                    }
-                }
+                let mut l = looked_up(&step);
                 flush_and_answer(&mut l, Instant::now());
                 l
             },
