@@ -380,17 +380,20 @@ fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
 
 /// Appends `EXISTS <prefix><key>` without building the name first.
 fn encode_exists(out: &mut Vec<u8>, prefix: &[u8], key: &[u8]) {
-    out.extend_from_slice(b"*2\r\n$6\r\nEXISTS\r\n$");
-    push_decimal(out, prefix.len() + key.len());
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(prefix);
-    out.extend_from_slice(key);
-    out.extend_from_slice(b"\r\n");
+    encode_key_command(out, b"*2\r\n$6\r\nEXISTS\r\n$", prefix, key);
 }
 
 /// Appends the end marker of a pipeline: `TYPE <prefix><key>`.
 fn encode_end_marker(out: &mut Vec<u8>, prefix: &[u8], key: &[u8]) {
-    out.extend_from_slice(b"*2\r\n$4\r\nTYPE\r\n$");
+    encode_key_command(out, b"*2\r\n$4\r\nTYPE\r\n$", prefix, key);
+}
+
+/// Appends a two-part command: `head` (the array header, the command's
+/// bulk string and the `$` of the argument), then `<prefix><key>` as the
+/// argument's length and bytes.
+#[inline]
+fn encode_key_command(out: &mut Vec<u8>, head: &[u8], prefix: &[u8], key: &[u8]) {
+    out.extend_from_slice(head);
     push_decimal(out, prefix.len() + key.len());
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(prefix);
