@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::{ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack};
+use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack};
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use kvtier_integration_tests::{PrivateServer, binary, service};
 use kvtier_mock::{MockConfig, MockTier};

@@ -7,7 +7,8 @@
 //! from state it owns ([`Hit`](LookupVerdict::Hit),
 //! [`Miss`](LookupVerdict::Miss) or [`Pending`](LookupVerdict::Pending)),
 //! batches new keys, and probes them on a background worker through the one
-//! trait a backend implements, [`Tier`].
+//! trait a backend implements, [`Tier`]. Tiers that also store blocks
+//! implement [`BlockStore`], one write interface for every backend.
 //!
 //! The design follows vLLM's `AsyncLookupManager` (generations, in-flight
 //! retention, enqueue-once, `mark_miss`) and fixes what its users hit:
@@ -69,6 +70,7 @@ pub mod ledger;
 mod manager;
 mod stack;
 mod stats;
+mod store;
 mod tier;
 mod worker;
 
@@ -82,5 +84,6 @@ pub use ledger::{LookupVerdict, PrefixVerdict};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
 pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
+pub use store::{BlockStore, DynBlockStore};
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
 pub use worker::WakeHook;

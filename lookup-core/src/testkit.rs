@@ -9,8 +9,8 @@
 //! ```text
 //! #[tokio::test]
 //! async fn conformance() {
-//!     let fixture = MyFixture::new().await;
-//!     kvtier_core::testkit::run_all(&fixture).await;
+//!     let store = Arc::new(MyStore::open().await?);
+//!     kvtier_core::testkit::run_all(&Fixture::new(store)).await;
 //! }
 //! ```
 
@@ -19,33 +19,87 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::{
-    AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, Tier, TierError,
-};
+use crate::{BlockStore, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, Tier, TierError};
 
-/// A tier under test plus the means to put keys in it and take them out.
-pub trait TierFixture: Send + Sync {
-    /// The tier type.
-    type Tier: Tier;
+/// A store under test, as the conformance checks see it: the store, the key
+/// length it accepts and a name for messages.
+///
+/// Every check goes through [`BlockStore`] itself, the way the engine uses a
+/// tier: it stores blocks with [`BlockStore::store_many`], reads them back,
+/// removes them, and asks [`Tier::batch_lookup`] and a real
+/// [`AsyncLookupManager`](crate::AsyncLookupManager) which exist.
+#[derive(Debug)]
+pub struct Fixture<S> {
+    store: Arc<S>,
+    key_len: usize,
+    name: String,
+}
 
-    /// A handle on the tier under test.
-    fn tier(&self) -> Arc<Self::Tier>;
-
-    /// Makes `keys` exist in the tier (store a small payload for each).
-    fn insert(&self, keys: &[OffloadKey]) -> impl Future<Output = Result<(), TierError>> + Send;
-
-    /// Makes `keys` absent from the tier.
-    fn remove(&self, keys: &[OffloadKey]) -> impl Future<Output = Result<(), TierError>> + Send;
-
-    /// The key length the tier accepts. Default 36 (vLLM's).
-    fn key_len(&self) -> usize {
-        36
+impl<S: BlockStore> Fixture<S> {
+    /// A fixture for `store`, with 36-byte keys (vLLM's) and the store's type
+    /// name in messages.
+    pub fn new(store: Arc<S>) -> Self {
+        Self {
+            store,
+            key_len: 36,
+            name: std::any::type_name::<S>().to_owned(),
+        }
     }
 
-    /// A name for messages.
-    fn name(&self) -> String {
-        std::any::type_name::<Self::Tier>().to_owned()
+    /// Uses keys of `len` bytes (at least 16).
+    #[must_use]
+    pub fn with_key_len(mut self, len: usize) -> Self {
+        self.key_len = len;
+        self
     }
+
+    /// Names the store in messages.
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The store under test.
+    pub fn tier(&self) -> Arc<S> {
+        Arc::clone(&self.store)
+    }
+
+    /// The key length the store accepts.
+    pub fn key_len(&self) -> usize {
+        self.key_len
+    }
+
+    /// The name used in messages.
+    pub fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    /// Makes `keys` exist: stores [`block_for`] each key.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn insert(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        let blocks: Vec<(OffloadKey, Vec<u8>)> =
+            keys.iter().map(|k| (k.clone(), block_for(k))).collect();
+        self.store.store_many(&blocks).await
+    }
+
+    /// Makes `keys` absent.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn remove(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        self.store.remove_many(keys).await
+    }
+}
+
+/// The block the suite stores under `key`: derived from the key, so a load
+/// that returns another key's block is caught.
+pub fn block_for(key: &OffloadKey) -> Vec<u8> {
+    let mut block = b"kvtier-conformance:".to_vec();
+    block.extend_from_slice(key.as_bytes());
+    block
 }
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
@@ -72,7 +126,7 @@ fn ctx(name: &str) -> ReqContext {
     ReqContext::new(format!("conformance-{name}"))
 }
 
-async fn ask<F: TierFixture>(fixture: &F, keys: &[OffloadKey], what: &str) -> Vec<bool> {
+async fn ask<S: BlockStore>(fixture: &Fixture<S>, keys: &[OffloadKey], what: &str) -> Vec<bool> {
     let tier = fixture.tier();
     match tier.batch_lookup(keys, &ctx(what)).await {
         Ok(found) => {
@@ -88,7 +142,7 @@ async fn ask<F: TierFixture>(fixture: &F, keys: &[OffloadKey], what: &str) -> Ve
     }
 }
 
-async fn insert<F: TierFixture>(fixture: &F, keys: &[OffloadKey]) {
+async fn insert<S: BlockStore>(fixture: &Fixture<S>, keys: &[OffloadKey]) {
     if let Err(err) = fixture.insert(keys).await {
         panic!(
             "{}: inserting {} keys failed: {err}",
@@ -99,12 +153,12 @@ async fn insert<F: TierFixture>(fixture: &F, keys: &[OffloadKey]) {
 }
 
 /// An empty batch answers an empty vector.
-pub async fn empty_batch<F: TierFixture>(fixture: &F) {
+pub async fn empty_batch<S: BlockStore>(fixture: &Fixture<S>) {
     assert!(ask(fixture, &[], "empty batch").await.is_empty());
 }
 
 /// Keys never stored answer `false` (not an error).
-pub async fn absent_keys_are_misses<F: TierFixture>(fixture: &F) {
+pub async fn absent_keys_are_misses<S: BlockStore>(fixture: &Fixture<S>) {
     let keys = unique_keys(16, fixture.key_len());
     let found = ask(fixture, &keys, "absent keys").await;
     assert!(
@@ -115,7 +169,7 @@ pub async fn absent_keys_are_misses<F: TierFixture>(fixture: &F) {
 }
 
 /// Answers follow the order of the keys, present and absent interleaved.
-pub async fn answers_follow_key_order<F: TierFixture>(fixture: &F) {
+pub async fn answers_follow_key_order<S: BlockStore>(fixture: &Fixture<S>) {
     let keys = unique_keys(32, fixture.key_len());
     let present: Vec<OffloadKey> = keys.iter().step_by(3).cloned().collect();
     insert(fixture, &present).await;
@@ -130,7 +184,7 @@ pub async fn answers_follow_key_order<F: TierFixture>(fixture: &F) {
 }
 
 /// A key repeated in one batch is answered at every position.
-pub async fn duplicates_are_answered_each_time<F: TierFixture>(fixture: &F) {
+pub async fn duplicates_are_answered_each_time<S: BlockStore>(fixture: &Fixture<S>) {
     let keys = unique_keys(2, fixture.key_len());
     insert(fixture, &keys[..1]).await;
     let batch = [
@@ -149,7 +203,7 @@ pub async fn duplicates_are_answered_each_time<F: TierFixture>(fixture: &F) {
 }
 
 /// A removed key answers `false` again.
-pub async fn removed_keys_are_misses<F: TierFixture>(fixture: &F) {
+pub async fn removed_keys_are_misses<S: BlockStore>(fixture: &Fixture<S>) {
     let keys = unique_keys(4, fixture.key_len());
     insert(fixture, &keys).await;
     assert!(
@@ -171,7 +225,7 @@ pub async fn removed_keys_are_misses<F: TierFixture>(fixture: &F) {
 }
 
 /// A batch of `n` keys, one in three present, is answered exactly.
-pub async fn large_batch<F: TierFixture>(fixture: &F, n: usize) {
+pub async fn large_batch<S: BlockStore>(fixture: &Fixture<S>, n: usize) {
     let keys = unique_keys(n, fixture.key_len());
     let present: Vec<OffloadKey> = keys.iter().step_by(3).cloned().collect();
     insert(fixture, &present).await;
@@ -190,7 +244,7 @@ pub async fn large_batch<F: TierFixture>(fixture: &F, n: usize) {
 }
 
 /// Several batches at once are each answered exactly.
-pub async fn concurrent_batches<F: TierFixture>(fixture: &F) {
+pub async fn concurrent_batches<S: BlockStore>(fixture: &Fixture<S>) {
     let keys = unique_keys(8 * 16, fixture.key_len());
     let present: Vec<OffloadKey> = keys.iter().step_by(2).cloned().collect();
     insert(fixture, &present).await;
@@ -237,10 +291,10 @@ async fn join_all<Fut: Future>(futures: Vec<Fut>) -> Vec<Fut::Output> {
     outputs.into_iter().flatten().collect()
 }
 
-/// The tier behind a real [`AsyncLookupManager`]: prompts sharing a prefix,
+/// The tier behind a real [`AsyncLookupManager`](crate::AsyncLookupManager): prompts sharing a prefix,
 /// resolved through `lookup_prefix` and `flush`, match the truth, and the
 /// manager is idle once every request is cleaned up.
-pub async fn through_manager<F: TierFixture>(fixture: &F) {
+pub async fn through_manager<S: BlockStore>(fixture: &Fixture<S>) {
     let len = fixture.key_len();
     let shared = unique_keys(8, len);
     insert(fixture, &shared[..6]).await;
@@ -259,7 +313,7 @@ pub async fn through_manager<F: TierFixture>(fixture: &F) {
     let mut config = ManagerConfig::named("conformance");
     config.max_key_len = len.max(1);
     config.call_timeout_ms = 10_000;
-    let mut manager = match AsyncLookupManager::from_arc(fixture.tier(), config) {
+    let mut manager = match fixture.store.manager(config) {
         Ok(m) => m,
         Err(err) => panic!("{}: starting a manager failed: {err}", fixture.name()),
     };
@@ -318,8 +372,77 @@ pub async fn through_manager<F: TierFixture>(fixture: &F) {
     );
 }
 
+/// What was stored is what loads: each key's own block, `None` for a key
+/// never stored; a second store replaces the block.
+pub async fn stored_blocks_load_back<S: BlockStore>(fixture: &Fixture<S>) {
+    let name = fixture.name();
+    let keys = unique_keys(3, fixture.key_len());
+    insert(fixture, &keys[..2]).await;
+    for (i, key) in keys.iter().enumerate() {
+        let loaded = match fixture.store.load(key).await {
+            Ok(loaded) => loaded,
+            Err(err) => panic!("{name}: load of key {i} failed: {err}"),
+        };
+        let expected = (i < 2).then(|| block_for(key));
+        assert_eq!(loaded, expected, "{name}: load of key {i}");
+    }
+    let replacement = b"a replacement block".to_vec();
+    if let Err(err) = fixture.store.store(&keys[0], &replacement).await {
+        panic!("{name}: storing over a key failed: {err}");
+    }
+    match fixture.store.load(&keys[0]).await {
+        Ok(loaded) => assert_eq!(
+            loaded.as_deref(),
+            Some(&replacement[..]),
+            "{name}: a second store must replace the block"
+        ),
+        Err(err) => panic!("{name}: load after replace failed: {err}"),
+    }
+}
+
+/// `load_many` answers per position, absent keys as `None`.
+pub async fn load_many_follows_key_order<S: BlockStore>(fixture: &Fixture<S>) {
+    let name = fixture.name();
+    let keys = unique_keys(12, fixture.key_len());
+    let present: Vec<OffloadKey> = keys.iter().step_by(3).cloned().collect();
+    insert(fixture, &present).await;
+    let loaded = match fixture.store.load_many(&keys).await {
+        Ok(loaded) => loaded,
+        Err(err) => panic!("{name}: load_many failed: {err}"),
+    };
+    let expected: Vec<Option<Vec<u8>>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (i % 3 == 0).then(|| block_for(k)))
+        .collect();
+    assert_eq!(loaded, expected, "{name}: load_many");
+}
+
+/// Removing an absent key succeeds, and a removed key loads as `None`.
+pub async fn removal_is_idempotent<S: BlockStore>(fixture: &Fixture<S>) {
+    let name = fixture.name();
+    let keys = unique_keys(2, fixture.key_len());
+    if let Err(err) = fixture.store.remove(&keys[0]).await {
+        panic!("{name}: removing an absent key must succeed: {err}");
+    }
+    insert(fixture, &keys).await;
+    for _ in 0..2 {
+        if let Err(err) = fixture.store.remove(&keys[1]).await {
+            panic!("{name}: remove failed: {err}");
+        }
+    }
+    match fixture.store.load_many(&keys).await {
+        Ok(loaded) => assert_eq!(
+            loaded,
+            [Some(block_for(&keys[0])), None],
+            "{name}: a removed key must load as None"
+        ),
+        Err(err) => panic!("{name}: load_many after remove failed: {err}"),
+    }
+}
+
 /// Every check above, in turn.
-pub async fn run_all<F: TierFixture>(fixture: &F) {
+pub async fn run_all<S: BlockStore>(fixture: &Fixture<S>) {
     empty_batch(fixture).await;
     absent_keys_are_misses(fixture).await;
     answers_follow_key_order(fixture).await;
@@ -327,5 +450,8 @@ pub async fn run_all<F: TierFixture>(fixture: &F) {
     removed_keys_are_misses(fixture).await;
     large_batch(fixture, 2_000).await;
     concurrent_batches(fixture).await;
+    stored_blocks_load_back(fixture).await;
+    load_many_follows_key_order(fixture).await;
+    removal_is_idempotent(fixture).await;
     through_manager(fixture).await;
 }

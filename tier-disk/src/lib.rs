@@ -63,9 +63,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use kvtier_core::{
-    AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
-};
+use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError};
 use serde::Serialize;
 
 pub use config::{DiskConfig, FsyncPolicy};
@@ -319,20 +317,6 @@ impl DiskTier {
     /// The configuration it was opened with.
     pub fn config(&self) -> &DiskConfig {
         &self.config
-    }
-
-    /// Starts an [`AsyncLookupManager`] over this tier, named `disk` unless
-    /// `config` names it.
-    ///
-    /// # Errors
-    /// As [`AsyncLookupManager::new`].
-    pub fn manager(
-        self: &Arc<Self>,
-        mut config: ManagerConfig,
-    ) -> Result<AsyncLookupManager<Arc<Self>>, ManagerError> {
-        config = config.or_named("disk");
-        config.max_key_len = config.max_key_len.max(self.config.key_len);
-        AsyncLookupManager::from_arc(Arc::new(Arc::clone(self)), config)
     }
 
     fn live(&self) -> LiveSegments {
@@ -728,6 +712,32 @@ impl Drop for DiskTier {
         if let Err(err) = self.close() {
             tracing::warn!(path = %self.dir.display(), error = %err, "closing the disk tier failed; the next open will recount");
         }
+    }
+}
+
+/// The disk tier's writes are local file appends under a lock (micro- to
+/// milliseconds, longer when a store evicts or grows the index): the futures
+/// do that work when first polled, on the caller's thread.
+impl BlockStore for DiskTier {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        DiskTier::store(self, key, block).map_err(TierError::from)
+    }
+
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        DiskTier::load(self, key).map_err(TierError::from)
+    }
+
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        DiskTier::remove(self, key)
+            .map(drop)
+            .map_err(TierError::from)
+    }
+
+    /// Named `disk` unless `config` names it; accepts the tier's key length.
+    fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
+        let mut config = config.or_named("disk");
+        config.max_key_len = config.max_key_len.max(self.config.key_len);
+        config
     }
 }
 

@@ -33,15 +33,16 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
+use kvtier_core::{BlockStore, OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
 use serde::{Deserialize, Serialize};
 
-type KeySet = HashSet<OffloadKey, foldhash::fast::RandomState>;
+/// Each present key and its block (empty for keys made present by [`MockTier::insert`]).
+type KeySet = HashMap<OffloadKey, Vec<u8>, foldhash::fast::RandomState>;
 
 /// Fault and latency injection of a [`MockTier`]. Probabilities are per call,
 /// from 0.0 to 1.0, and are tried in the order hang, fail, panic, wrong length.
@@ -214,16 +215,17 @@ impl MockTier {
             .clone()
     }
 
-    /// Makes `keys` present.
+    /// Makes `keys` present, each with an empty block (a shortcut for tests
+    /// and benchmarks; [`BlockStore`] stores real blocks).
     pub fn insert(&self, keys: impl IntoIterator<Item = OffloadKey>) {
         self.keys
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .extend(keys);
+            .extend(keys.into_iter().map(|k| (k, Vec::new())));
     }
 
-    /// Makes `keys` absent.
-    pub fn remove<'a>(&self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
+    /// Makes `keys` absent (the synchronous twin of [`BlockStore::remove_many`]).
+    pub fn remove_keys<'a>(&self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
         let mut set = self.keys.write().unwrap_or_else(PoisonError::into_inner);
         for key in keys {
             set.remove(key);
@@ -235,7 +237,7 @@ impl MockTier {
         self.keys
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(key)
+            .contains_key(key)
     }
 
     /// Number of present keys.
@@ -283,7 +285,7 @@ impl MockTier {
 
     fn truth(&self, keys: &[OffloadKey]) -> Vec<bool> {
         let set = self.keys.read().unwrap_or_else(PoisonError::into_inner);
-        keys.iter().map(|k| set.contains(k)).collect()
+        keys.iter().map(|k| set.contains_key(k)).collect()
     }
 
     fn finish(&self, index: u64, record: bool, outcome: MockOutcome) {
@@ -378,5 +380,43 @@ impl Tier for MockTier {
         }
         self.finish(index, record, MockOutcome::Answered(found.clone()));
         Ok(found)
+    }
+}
+
+/// Stores, loads and removes in memory, at once: the injected latency and
+/// faults apply to lookups only.
+impl BlockStore for MockTier {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        self.keys
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), block.to_vec());
+        Ok(())
+    }
+
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        Ok(self
+            .keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned())
+    }
+
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        self.remove_keys([key]);
+        Ok(())
+    }
+
+    async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.keys
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(blocks.iter().cloned());
+        Ok(())
+    }
+
+    fn manager_config(&self, config: kvtier_core::ManagerConfig) -> kvtier_core::ManagerConfig {
+        config.or_named("mock")
     }
 }

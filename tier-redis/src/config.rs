@@ -37,6 +37,10 @@ pub struct RedisConfig {
     pub tls_ca_cert: Option<PathBuf>,
     /// Prefix of every Redis key; the block key's bytes follow it. Default `"kvtier:"`.
     pub key_prefix: String,
+    /// Time to live of the blocks stored through
+    /// [`BlockStore`](kvtier_core::BlockStore), in milliseconds; `None` (the
+    /// default) keeps them until removed or evicted by the server's policy.
+    pub ttl_ms: Option<u64>,
     /// EXISTS commands per pipeline. Default 512.
     pub pipeline_chunk: usize,
     /// Pipelines of one batch in flight at once. Default 8.
@@ -66,6 +70,7 @@ impl Default for RedisConfig {
             password: None,
             tls_ca_cert: None,
             key_prefix: "kvtier:".to_owned(),
+            ttl_ms: None,
             pipeline_chunk: 512,
             max_chunks_in_flight: 8,
             connect_timeout_ms: 500,

@@ -36,7 +36,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use kvtier_core::{LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+//! use kvtier_core::{BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
 //! use kvtier_redis::{RedisConfig, RedisTier};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -86,9 +86,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use kvtier_core::{
-    AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
-};
+use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -338,19 +336,6 @@ impl RedisTier {
     /// Where it connects, without credentials.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
-    }
-
-    /// Starts an [`AsyncLookupManager`] over this tier (named "redis" unless
-    /// `config` names it).
-    ///
-    /// # Errors
-    /// As [`AsyncLookupManager::new`].
-    pub fn manager(
-        self: &Arc<Self>,
-        mut config: ManagerConfig,
-    ) -> Result<AsyncLookupManager<Arc<Self>>, ManagerError> {
-        config = config.or_named("redis");
-        AsyncLookupManager::from_arc(Arc::new(Arc::clone(self)), config)
     }
 
     fn err(&self, op: &'static str, e: redis::RedisError) -> RedisTierError {
@@ -987,6 +972,44 @@ fn parse_cluster_slots(reply: Value) -> Option<SlotMap> {
 #[cold]
 fn unreachable_backend() -> ! {
     unreachable!("backend checked by the caller")
+}
+
+/// Blocks are stored with `SET` (with `PX` when the configuration sets
+/// [`ttl_ms`](RedisConfig::ttl_ms)), loaded with `GET` and removed with
+/// `DEL`; `store_many` pipelines, per master on a cluster.
+impl BlockStore for RedisTier {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        Ok(RedisTier::store(self, key, block, self.ttl()).await?)
+    }
+
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        Ok(RedisTier::load(self, key).await?)
+    }
+
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        RedisTier::remove(self, key).await?;
+        Ok(())
+    }
+
+    async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
+        Ok(RedisTier::store_many(self, blocks, self.ttl()).await?)
+    }
+
+    async fn remove_many(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        RedisTier::remove_many(self, keys).await?;
+        Ok(())
+    }
+
+    /// Named `redis` unless `config` names it.
+    fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
+        config.or_named("redis")
+    }
+}
+
+impl RedisTier {
+    fn ttl(&self) -> Option<Duration> {
+        self.config.ttl_ms.map(Duration::from_millis)
+    }
 }
 
 impl Tier for RedisTier {

@@ -5,35 +5,13 @@ use kvtier_test_services as support;
 
 use std::sync::Arc;
 
-use kvtier_core::testkit::{self, TierFixture};
-use kvtier_core::{OffloadKey, TierError};
+use kvtier_core::testkit::{self, Fixture};
 use kvtier_redis::{RedisConfig, RedisTier};
 
-struct RedisFixture(Arc<RedisTier>);
-
-impl TierFixture for RedisFixture {
-    type Tier = RedisTier;
-
-    fn tier(&self) -> Arc<RedisTier> {
-        Arc::clone(&self.0)
-    }
-
-    async fn insert(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        let blocks: Vec<(OffloadKey, Vec<u8>)> = keys
-            .iter()
-            .map(|k| (k.clone(), k.as_bytes().to_vec()))
-            .collect();
-        Ok(self.0.store_many(&blocks, None).await?)
-    }
-
-    async fn remove(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        self.0.remove_many(keys).await?;
-        Ok(())
-    }
-
-    fn name(&self) -> String {
-        self.0.endpoint().to_owned()
-    }
+fn fixture(config: RedisConfig) -> Fixture<RedisTier> {
+    let tier = Arc::new(RedisTier::new(config).unwrap());
+    let name = tier.endpoint().to_owned();
+    Fixture::new(tier).with_name(name)
 }
 
 #[tokio::test]
@@ -46,7 +24,7 @@ async fn conformance_single_node() {
         pipeline_chunk: 64,
         ..RedisConfig::from_url(url)
     };
-    testkit::run_all(&RedisFixture(Arc::new(RedisTier::new(config).unwrap()))).await;
+    testkit::run_all(&fixture(config)).await;
 }
 
 #[tokio::test]
@@ -59,5 +37,5 @@ async fn conformance_cluster() {
         pipeline_chunk: 64,
         ..RedisConfig::cluster(urls.split(','))
     };
-    testkit::run_all(&RedisFixture(Arc::new(RedisTier::new(config).unwrap()))).await;
+    testkit::run_all(&fixture(config)).await;
 }

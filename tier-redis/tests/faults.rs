@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_core::testkit::unique_keys;
-use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_core::{
+    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext,
+};
 use kvtier_redis::{RedisConfig, RedisTier};
 use support::{PrivateCluster, PrivateServer};
 
@@ -23,7 +25,7 @@ fn manager_config() -> ManagerConfig {
 
 /// Looks up `keys` for a fresh request until every key has a verdict.
 fn verdicts(
-    m: &mut AsyncLookupManager<Arc<RedisTier>>,
+    m: &mut AsyncLookupManager<RedisTier>,
     keys: &[OffloadKey],
     req: &str,
 ) -> Vec<LookupVerdict> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kvtier_core::testkit::unique_keys;
-use kvtier_core::{LookupVerdict, ManagerConfig, ReqContext};
+use kvtier_core::{BlockStore, LookupVerdict, ManagerConfig, ReqContext};
 use kvtier_redis::{RedisConfig, RedisTier};
 
 const SECRET: &str = "Sup3rSecret";

@@ -78,8 +78,7 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use futures_util::StreamExt;
 use kvtier_core::{
-    AsyncLookupManager, ManagerConfig, ManagerError, OffloadKey, ReqContext, Tier, TierError,
-    TierErrorKind, one_line,
+    BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError, TierErrorKind, one_line,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -685,18 +684,6 @@ impl S3Tier {
         }
     }
 
-    /// Starts an [`AsyncLookupManager`] over this tier (named "s3" unless `config` names it).
-    ///
-    /// # Errors
-    /// As [`AsyncLookupManager::new`].
-    pub fn manager(
-        self: &Arc<Self>,
-        mut config: ManagerConfig,
-    ) -> Result<AsyncLookupManager<Arc<Self>>, ManagerError> {
-        config = config.or_named("s3");
-        AsyncLookupManager::from_arc(Arc::new(Arc::clone(self)), config)
-    }
-
     /// The object name of `key`: prefix plus lower-case hex.
     pub fn object_name(&self, key: &OffloadKey) -> String {
         format!("{}{}", self.config.prefix, key.to_hex())
@@ -1125,6 +1112,56 @@ impl S3Tier {
             .await
             .map_err(|e| self.classify("DeleteObject", &e))?;
         Ok(())
+    }
+}
+
+/// Blocks are objects named by [`S3Tier::object_name`]: stored with
+/// PutObject, loaded with GetObject, removed with DeleteObject; the batched
+/// forms run up to `max_concurrent_requests` requests at once.
+impl BlockStore for S3Tier {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        Ok(S3Tier::store(self, key, block.to_vec()).await?)
+    }
+
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        Ok(S3Tier::load(self, key).await?)
+    }
+
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        Ok(S3Tier::remove(self, key).await?)
+    }
+
+    async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
+        Ok(S3Tier::store_many(self, blocks.to_vec()).await?)
+    }
+
+    async fn load_many(&self, keys: &[OffloadKey]) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        let loads: Vec<_> = keys
+            .iter()
+            .map(|key| async move { S3Tier::load(self, key).await })
+            .collect();
+        let loaded: Vec<Result<Option<Vec<u8>>>> = futures_util::stream::iter(loads)
+            .buffered(self.config.max_concurrent_requests)
+            .collect()
+            .await;
+        Ok(loaded.into_iter().collect::<Result<Vec<_>>>()?)
+    }
+
+    async fn remove_many(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        let removes: Vec<_> = keys
+            .iter()
+            .map(|key| async move { S3Tier::remove(self, key).await })
+            .collect();
+        let removed: Vec<Result<()>> = futures_util::stream::iter(removes)
+            .buffer_unordered(self.config.max_concurrent_requests)
+            .collect()
+            .await;
+        Ok(removed.into_iter().collect::<Result<()>>()?)
+    }
+
+    /// Named `s3` unless `config` names it.
+    fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
+        config.or_named("s3")
     }
 }
 

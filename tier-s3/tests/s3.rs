@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::testkit::{self, TierFixture, unique_keys};
-use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
+use kvtier_core::testkit::{self, Fixture, unique_keys};
+use kvtier_core::{BlockStore, OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
 use kvtier_s3::{S3Config, S3Tier, S3TierError};
 use kvtier_test_services::required;
 
@@ -34,40 +34,13 @@ fn config(test: &str) -> Option<S3Config> {
     })
 }
 
-struct S3Fixture(Arc<S3Tier>);
-
-impl TierFixture for S3Fixture {
-    type Tier = S3Tier;
-
-    fn tier(&self) -> Arc<S3Tier> {
-        Arc::clone(&self.0)
-    }
-
-    async fn insert(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        Ok(self
-            .0
-            .store_many(
-                keys.iter()
-                    .map(|k| (k.clone(), k.as_bytes().to_vec()))
-                    .collect(),
-            )
-            .await?)
-    }
-
-    async fn remove(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        for key in keys {
-            self.0.remove(key).await?;
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance() {
     let Some(config) = config("conformance") else {
         return;
     };
-    testkit::run_all(&S3Fixture(Arc::new(S3Tier::new(config).await.unwrap()))).await;
+    let tier = Arc::new(S3Tier::new(config).await.unwrap());
+    testkit::run_all(&Fixture::new(tier).with_name("s3")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

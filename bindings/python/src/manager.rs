@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
 
 use kvtier_core::{
-    AsyncLookupManager, Blocking, DynLookupManager, LookupError, LookupVerdict, ManagerConfig,
-    ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
+    AsyncLookupManager, BlockStore, Blocking, DynLookupManager, LookupError, LookupVerdict,
+    ManagerConfig, ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
 };
 use kvtier_disk::{DiskConfig, DiskTier};
 use kvtier_redis::{RedisConfig, RedisTier};

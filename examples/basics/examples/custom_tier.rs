@@ -1,7 +1,7 @@
 //! How to plug your own backend into kvtier: implement one method.
 //!
-//! Two tiers here: an async one (what a network client looks like) and a
-//! synchronous one (an in-process index or a blocking client), wrapped in
+//! Two tiers here: an async one (what a network client looks like), which
+//! also implements `BlockStore` (store, load, remove), and a synchronous one (an in-process index or a blocking client), wrapped in
 //! `Blocking` so it runs on the worker's blocking pool. Both go into one
 //! `TierStack`, which tells, per leading block, which tier to load from.
 //! At the end the async tier goes through `kvtier_core::testkit`, the
@@ -15,19 +15,34 @@
 
 #![warn(clippy::unwrap_used)]
 
-use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use kvtier_core::testkit::{self, TierFixture};
+use kvtier_core::testkit::{self, Fixture};
 use kvtier_core::{
-    AsyncLookupManager, Blocking, ManagerConfig, OffloadKey, ReqContext, StackVerdict, SyncTier,
-    Tier, TierError, TierErrorKind, TierStack,
+    AsyncLookupManager, BlockStore, Blocking, ManagerConfig, OffloadKey, ReqContext, StackVerdict,
+    SyncTier, Tier, TierError, TierErrorKind, TierStack,
 };
 
 /// An async tier: say, a key-value service reached over the network.
+#[derive(Default)]
 struct RemoteIndex {
-    keys: RwLock<HashSet<OffloadKey>>,
+    blocks: RwLock<HashMap<OffloadKey, Vec<u8>>>,
+}
+
+impl RemoteIndex {
+    fn read(&self) -> Result<RwLockReadGuard<'_, HashMap<OffloadKey, Vec<u8>>>, TierError> {
+        self.blocks
+            .read()
+            .map_err(|_| TierError::new(TierErrorKind::Other, "remote index lock poisoned"))
+    }
+
+    fn write(&self) -> Result<RwLockWriteGuard<'_, HashMap<OffloadKey, Vec<u8>>>, TierError> {
+        self.blocks
+            .write()
+            .map_err(|_| TierError::new(TierErrorKind::Other, "remote index lock poisoned"))
+    }
 }
 
 impl Tier for RemoteIndex {
@@ -36,49 +51,31 @@ impl Tier for RemoteIndex {
     async fn batch_lookup(
         &self,
         keys: &[OffloadKey],
-        ctx: &ReqContext,
+        _ctx: &ReqContext,
     ) -> Result<Vec<bool>, TierError> {
-        // A real client would send one batched request here, scoped by
-        // `ctx.namespace()` if the backend is multi-tenant.
+        // A real client would send one batched request here.
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let _tenant = ctx.namespace();
-        let keys_held = self
-            .keys
-            .read()
-            .map_err(|_| TierError::new(TierErrorKind::Other, "remote index lock poisoned"))?;
-        Ok(keys.iter().map(|k| keys_held.contains(k)).collect())
+        let held = self.read()?;
+        Ok(keys.iter().map(|k| held.contains_key(k)).collect())
     }
 }
 
-/// What the conformance suite needs: the tier, and a way to put keys in
-/// and take them out (your tier's own store and remove).
-struct RemoteFixture(Arc<RemoteIndex>);
-
-impl RemoteIndex {
-    fn write(&self) -> Result<std::sync::RwLockWriteGuard<'_, HashSet<OffloadKey>>, TierError> {
-        self.keys
-            .write()
-            .map_err(|_| TierError::new(TierErrorKind::Other, "remote index lock poisoned"))
-    }
-}
-
-impl TierFixture for RemoteFixture {
-    type Tier = RemoteIndex;
-
-    fn tier(&self) -> Arc<RemoteIndex> {
-        Arc::clone(&self.0)
-    }
-
-    async fn insert(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        self.0.write()?.extend(keys.iter().cloned());
+/// The write side, one interface for every tier: what the engine's offload
+/// and load paths call, and what the conformance suite writes through.
+/// The batched forms (`store_many`, ...) have provided defaults; a real
+/// client overrides them with one round trip.
+impl BlockStore for RemoteIndex {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        self.write()?.insert(key.clone(), block.to_vec());
         Ok(())
     }
 
-    async fn remove(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        let mut held = self.0.write()?;
-        for key in keys {
-            held.remove(key);
-        }
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        Ok(self.read()?.get(key).cloned())
+    }
+
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        self.write()?.remove(key);
         Ok(())
     }
 }
@@ -103,22 +100,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let local = LocalIndex {
         keys: (0..3).map(block).collect(),
     };
-    let remote = Arc::new(RemoteIndex {
-        keys: RwLock::new((0..6).map(block).collect()),
-    });
+    let remote = Arc::new(RemoteIndex::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    // The offload path stores six blocks through `BlockStore`.
+    let blocks: Vec<(OffloadKey, Vec<u8>)> = (0..6).map(|i| (block(i), vec![0; 64])).collect();
+    rt.block_on(remote.store_many(&blocks))?;
 
     let mut stack = TierStack::default()
         .with(AsyncLookupManager::new(
             Blocking::new(local),
             ManagerConfig::named("local"),
         )?)
-        .with(AsyncLookupManager::from_arc(
-            Arc::clone(&remote),
-            ManagerConfig::named("remote"),
-        )?);
+        .with(remote.manager(ManagerConfig::named("remote"))?);
 
     let prompt: Vec<OffloadKey> = (0..8).map(block).collect();
-    let ctx = ReqContext::new("request-1").with_namespace("tenant-a");
+    let ctx = ReqContext::new("request-1");
     let locations = loop {
         match stack.lookup_prefix(&prompt, &ctx)? {
             StackVerdict::Ready { locations } => break locations,
@@ -147,10 +145,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The conformance suite: key order, duplicates, removals, large and
     // concurrent batches, and the tier behind a real manager. It panics
     // with the failed rule's name, as a test should.
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()?
-        .block_on(testkit::run_all(&RemoteFixture(remote)));
+    rt.block_on(testkit::run_all(&Fixture::new(remote).with_name("remote")));
     println!("remote: the conformance suite passed");
     Ok(())
 }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use examples::{Rng, key_from_id, micros, plot, quantile};
 use kvtier_core::{
-    AsyncLookupManager, ManagerConfig, ManagerStats, OffloadKey, ReqContext, StackVerdict,
+    BlockStore, DynBlockStore, ManagerConfig, ManagerStats, OffloadKey, ReqContext, StackVerdict,
     TierStack, one_line,
 };
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
@@ -162,16 +162,15 @@ struct Running {
     done_step: usize,
 }
 
-/// A tier of the stack, as the simulation stores into and loads from it.
-enum Backend {
-    Disk(Arc<DiskTier>),
-    Redis(Arc<RedisTier>),
-    S3(Arc<S3Tier>),
-    Mock(Arc<MockTier>),
-}
-
+/// A tier of the stack, as the simulation stores into and loads from it:
+/// every tier through the one `BlockStore` interface.
 struct SimTier {
-    backend: Backend,
+    store: Arc<dyn DynBlockStore>,
+    /// Size of the blocks the simulation stores here.
+    block_bytes: usize,
+    /// Whether a found block is loaded back and checked (the local disk);
+    /// remote loads are simulated with `--load-failure`.
+    verify_loads: bool,
     /// Blocks whose store was issued: a hit for any other block is a verdict error.
     stored: HashSet<OffloadKey>,
 }
@@ -270,7 +269,9 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
     let mut tiers: Vec<SimTier> = Vec::new();
     stack.push(Box::new(disk.manager(ManagerConfig::named("disk"))?));
     tiers.push(SimTier {
-        backend: Backend::Disk(Arc::clone(&disk)),
+        store: Arc::clone(&disk) as Arc<dyn DynBlockStore>,
+        block_bytes: cli.block_bytes,
+        verify_loads: true,
         stored: HashSet::new(),
     });
     let run_prefix = format!(
@@ -291,6 +292,7 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
             RedisTier::new(RedisConfig {
                 key_prefix: run_prefix.clone(),
                 tls_ca_cert: cli.redis_ca.clone(),
+                ttl_ms: Some(3_600_000),
                 ..config
             })
             .map_err(|e| tier_failed(name, &e))?,
@@ -299,7 +301,9 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
             .map_err(|e| tier_failed(name, &e))?;
         stack.push(Box::new(tier.manager(ManagerConfig::named(name))?));
         tiers.push(SimTier {
-            backend: Backend::Redis(tier),
+            store: tier,
+            block_bytes: 64,
+            verify_loads: false,
             stored: HashSet::new(),
         });
     }
@@ -318,7 +322,9 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
             .map_err(|e| tier_failed("s3", &e))?;
         stack.push(Box::new(tier.manager(ManagerConfig::named("s3"))?));
         tiers.push(SimTier {
-            backend: Backend::S3(tier),
+            store: tier,
+            block_bytes: 64,
+            verify_loads: false,
             stored: HashSet::new(),
         });
     }
@@ -330,12 +336,11 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
             record_calls: false,
             ..MockConfig::default()
         }));
-        stack.push(Box::new(AsyncLookupManager::from_arc(
-            Arc::clone(&mock),
-            ManagerConfig::named("mock"),
-        )?));
+        stack.push(Box::new(mock.manager(ManagerConfig::named("mock"))?));
         tiers.push(SimTier {
-            backend: Backend::Mock(mock),
+            store: mock,
+            block_bytes: 64,
+            verify_loads: false,
             stored: HashSet::new(),
         });
     }
@@ -406,11 +411,12 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
                 if !tiers[t].stored.contains(key) {
                     verdict_errors += 1; // a hit for a block never written there
                 }
-                let loaded = match &tiers[t].backend {
-                    Backend::Disk(disk) => disk
-                        .load(key)?
-                        .is_some_and(|b| b == block_payload(key, cli.block_bytes)),
-                    _ => !rng.chance(cli.load_failure),
+                let tier = &tiers[t];
+                let loaded = if tier.verify_loads {
+                    rt.block_on(tier.store.load_dyn(key))?
+                        .is_some_and(|b| b == block_payload(key, tier.block_bytes))
+                } else {
+                    !rng.chance(cli.load_failure)
                 };
                 if !loaded {
                     load_time += load_start.elapsed();
@@ -454,35 +460,18 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
             progress.inc(1);
             for tier in &mut tiers {
                 tier.stored.extend(keys.iter().cloned());
-                match &tier.backend {
-                    Backend::Disk(disk) => {
-                        for key in &keys {
-                            disk.store(key, &block_payload(key, cli.block_bytes))?;
-                        }
-                    }
-                    Backend::Mock(mock) => mock.insert(keys.iter().cloned()),
-                    Backend::Redis(redis) => {
-                        let redis = Arc::clone(redis);
-                        let blocks: Vec<(OffloadKey, Vec<u8>)> = keys
-                            .iter()
-                            .map(|k| (k.clone(), block_payload(k, 64)))
-                            .collect();
-                        pending_stores.push(rt.spawn(async move {
-                            redis
-                                .store_many(&blocks, Some(Duration::from_secs(3600)))
-                                .await
-                                .is_ok()
-                        }));
-                    }
-                    Backend::S3(s3) => {
-                        let s3 = Arc::clone(s3);
-                        let blocks: Vec<(OffloadKey, Vec<u8>)> = keys
-                            .iter()
-                            .map(|k| (k.clone(), block_payload(k, 64)))
-                            .collect();
-                        pending_stores
-                            .push(rt.spawn(async move { s3.store_many(blocks).await.is_ok() }));
-                    }
+                let blocks: Vec<(OffloadKey, Vec<u8>)> = keys
+                    .iter()
+                    .map(|k| (k.clone(), block_payload(k, tier.block_bytes)))
+                    .collect();
+                if tier.verify_loads {
+                    // The local disk: stored now, so a failure stops the run.
+                    rt.block_on(tier.store.store_many_dyn(&blocks))?;
+                } else {
+                    // Remote tiers: in the background, as an engine would.
+                    let store = Arc::clone(&tier.store);
+                    pending_stores
+                        .push(rt.spawn(async move { store.store_many_dyn(&blocks).await.is_ok() }));
                 }
             }
         }
