@@ -70,6 +70,7 @@ mod manager;
 mod stack;
 mod stats;
 mod tier;
+mod verdict;
 mod worker;
 
 #[cfg(feature = "testkit")]
@@ -78,9 +79,9 @@ pub mod testkit;
 pub use config::ManagerConfig;
 pub use error::{LookupError, ManagerError, TierError, TierErrorKind, one_line};
 pub use key::{BuildPrehashed, INLINE_KEY_CAPACITY, OffloadKey, PrehashedHasher, ReqContext};
-pub use ledger::{LookupVerdict, PrefixVerdict};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
 pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
+pub use verdict::{LookupVerdict, PrefixVerdict};
 pub use worker::WakeHook;
