@@ -57,7 +57,8 @@
 //! # Crate features
 //!
 //! - `testkit`: adds the `testkit` module, the conformance suite every tier
-//!   crate runs.
+//!   crate runs, and `FaultTier`, an in-memory tier that injects latency,
+//!   failures, hangs and panics, for tests of code built on the manager.
 
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]

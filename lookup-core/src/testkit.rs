@@ -23,6 +23,9 @@ use crate::{
     AsyncLookupManager, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, Tier, TierError,
 };
 
+mod fault;
+pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
+
 /// A tier under test plus the means to put keys in it and take them out.
 pub trait TierFixture: Send + Sync {
     /// The tier type.
