@@ -18,6 +18,14 @@
 //! [`ledger`] documents the state machine. [`TierStack`] asks several tiers
 //! in priority order and says, per leading block, which tier to load from.
 //!
+//! # Tenants
+//!
+//! A block is identified by its key bytes alone: requests asking for the
+//! same bytes share one probe and its verdict. To keep tenants apart, salt
+//! each tenant's block hashes (vLLM's `cache_salt`), or give each tenant its
+//! own tier instance (its own key prefix or directory) and its own manager.
+//! See [`ReqContext`].
+//!
 //! # Example
 //!
 //! ```

@@ -36,12 +36,14 @@ impl Tier for RemoteIndex {
     async fn batch_lookup(
         &self,
         keys: &[OffloadKey],
-        ctx: &ReqContext,
+        _ctx: &ReqContext,
     ) -> Result<Vec<bool>, TierError> {
-        // A real client would send one batched request here, scoped by
-        // `ctx.namespace()` if the backend is multi-tenant.
+        // A real client would send one batched request here. It answers from
+        // the keys alone: the manager shares one answer among every request
+        // asking for the same key, so a multi-tenant backend keeps tenants
+        // apart by their keys (a salted block hash) or by a tier instance
+        // per tenant, never by the request.
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let _tenant = ctx.namespace();
         let keys_held = self
             .keys
             .read()
@@ -118,7 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?);
 
     let prompt: Vec<OffloadKey> = (0..8).map(block).collect();
-    let ctx = ReqContext::new("request-1").with_namespace("tenant-a");
+    let ctx = ReqContext::new("request-1");
     let locations = loop {
         match stack.lookup_prefix(&prompt, &ctx)? {
             StackVerdict::Ready { locations } => break locations,
