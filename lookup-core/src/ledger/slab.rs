@@ -41,6 +41,7 @@ impl<T> SegVec<T> {
             .get_mut(i & (SEGMENT_LEN - 1))
     }
 
+    #[inline]
     pub(super) fn push(&mut self, value: T) {
         match self.segments.last_mut() {
             Some(segment) if segment.len() < SEGMENT_LEN => segment.push(value),
@@ -54,6 +55,7 @@ impl<T> SegVec<T> {
     }
 
     /// Stores `value` at `i` (an existing index) or at the end (`i == len`).
+    #[inline]
     pub(super) fn set(&mut self, i: usize, value: T) {
         match self.get_mut(i) {
             Some(v) => *v = value,
@@ -61,11 +63,13 @@ impl<T> SegVec<T> {
         }
     }
 
+    #[inline]
     pub(super) fn clear(&mut self) {
         self.segments.clear();
         self.len = 0;
     }
 
+    #[inline]
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.segments.iter_mut().flatten()
     }
@@ -92,6 +96,7 @@ impl<T> Default for Slab<T> {
 
 impl<T> Slab<T> {
     /// Stores `value`; `None` when all 2^32 indices are taken.
+    #[inline]
     pub(super) fn insert(&mut self, value: T) -> Option<Slot> {
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -118,6 +123,7 @@ impl<T> Slab<T> {
         self.entries.get_mut(slot as usize)?.as_mut()
     }
 
+    #[inline]
     pub(super) fn remove(&mut self, slot: Slot) -> Option<T> {
         let value = self.entries.get_mut(slot as usize)?.take()?;
         self.len -= 1;
@@ -131,6 +137,7 @@ impl<T> Slab<T> {
         Some(value)
     }
 
+    #[inline]
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.entries.iter_mut().flatten()
     }
