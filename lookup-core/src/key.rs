@@ -231,42 +231,50 @@ impl fmt::Display for OffloadKey {
     }
 }
 
-/// Who is asking: the request id plus what a tier may need to answer for it.
+/// Who is asking: the request id.
 ///
-/// Cloning is two reference-count increments. The manager groups keys by
+/// Cloning is one reference-count increment. The manager groups keys by
 /// `req_id` and hands the tier the context of the request that first asked
 /// for a key; a key shared by several requests is probed once.
+///
+/// # Tenants
+///
+/// A context does not scope keys. The manager identifies a block by its
+/// key bytes alone: when two requests ask for the same bytes, one probe
+/// answers both, whoever made it. A tier must therefore answer from the key
+/// alone, and blocks that must not be shared need different keys. Two ways:
+///
+/// - **Salt the block hash per tenant**, as vLLM's `cache_salt` does: the
+///   salt enters the hash of the first block, so every key of the prompt
+///   differs between tenants while one tenant's requests still share.
+/// - **One tier instance per tenant**, each with its own key prefix or
+///   directory (a Redis or S3 prefix, a disk directory) and its own manager
+///   (a `TierStack` per tenant).
+///
+/// Scoping keys inside the tier by something other than the key (a
+/// namespace in the context) would let one tenant receive another's verdict,
+/// so the context has no such field:
+///
+/// ```compile_fail,E0599
+/// let ctx = kvtier_core::ReqContext::new("req-1").with_namespace("tenant-a");
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ReqContext {
     req_id: Arc<str>,
-    namespace: Option<Arc<str>>,
 }
 
 impl ReqContext {
-    /// A context for request `req_id`, with no namespace.
+    /// A context for request `req_id`.
     pub fn new(req_id: impl Into<Arc<str>>) -> Self {
         Self {
             req_id: req_id.into(),
-            namespace: None,
         }
-    }
-
-    /// Sets the namespace a tier may use to scope keys (a tenant, a model).
-    #[must_use]
-    pub fn with_namespace(mut self, namespace: impl Into<Arc<str>>) -> Self {
-        self.namespace = Some(namespace.into());
-        self
     }
 
     /// The request id.
     #[inline]
     pub fn req_id(&self) -> &str {
         &self.req_id
-    }
-
-    /// The namespace, if one was set.
-    pub fn namespace(&self) -> Option<&str> {
-        self.namespace.as_deref()
     }
 
     /// The shared request id, for cheap identity checks.
@@ -278,12 +286,9 @@ impl ReqContext {
 
 impl fmt::Debug for ReqContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("ReqContext");
-        d.field("req_id", &&*self.req_id);
-        if let Some(ns) = &self.namespace {
-            d.field("namespace", &&**ns);
-        }
-        d.finish()
+        f.debug_struct("ReqContext")
+            .field("req_id", &&*self.req_id)
+            .finish()
     }
 }
 

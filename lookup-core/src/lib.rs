@@ -19,6 +19,14 @@
 //! [`ledger`] documents the state machine. [`TierStack`] asks several tiers
 //! in priority order and says, per leading block, which tier to load from.
 //!
+//! # Tenants
+//!
+//! A block is identified by its key bytes alone: requests asking for the
+//! same bytes share one probe and its verdict. To keep tenants apart, salt
+//! each tenant's block hashes (vLLM's `cache_salt`), or give each tenant its
+//! own tier instance (its own key prefix or directory) and its own manager.
+//! See [`ReqContext`].
+//!
 //! # Example
 //!
 //! ```
@@ -58,7 +66,8 @@
 //! # Crate features
 //!
 //! - `testkit`: adds the `testkit` module, the conformance suite every tier
-//!   crate runs.
+//!   crate runs, and `FaultTier`, an in-memory tier that injects latency,
+//!   failures, hangs and panics, for tests of code built on the manager.
 
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
@@ -72,6 +81,7 @@ mod stack;
 mod stats;
 mod store;
 mod tier;
+mod verdict;
 mod worker;
 
 #[cfg(feature = "testkit")]
@@ -80,10 +90,10 @@ pub mod testkit;
 pub use config::ManagerConfig;
 pub use error::{LookupError, ManagerError, TierError, TierErrorKind, one_line};
 pub use key::{BuildPrehashed, INLINE_KEY_CAPACITY, OffloadKey, PrehashedHasher, ReqContext};
-pub use ledger::{LookupVerdict, PrefixVerdict};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
 pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
 pub use store::{BlockStore, DynBlockStore};
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
+pub use verdict::{LookupVerdict, PrefixVerdict};
 pub use worker::WakeHook;

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::{BlockStore, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, Tier, TierError};
 
+mod fault;
+pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
+
 /// A store under test, as the conformance checks see it: the store, the key
 /// length it accepts and a name for messages.
 ///

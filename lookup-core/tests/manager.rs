@@ -1,4 +1,4 @@
-//! The manager end to end, on the real worker, against the mock tier: each
+//! The manager end to end, on the real worker, against the fault-injecting tier of `testkit`: each
 //! behaviour of the reference design, and each defect of the reference that
 //! ours must not have. No test asserts a speed; time limits here only stop a
 //! broken build from hanging.
@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use kvtier_core::testkit::{FaultConfig, FaultOutcome, FaultTier, RequestFault};
 use kvtier_core::{
     AsyncLookupManager, Blocking, LookupError, LookupVerdict, ManagerConfig, ManagerError,
     OffloadKey, PrefixVerdict, ReqContext, SyncTier, Tier, TierError,
 };
-use kvtier_mock::{MockConfig, MockOutcome, MockTier, RequestFault};
 
 const GUARD: Duration = Duration::from_secs(20);
 
@@ -30,7 +30,7 @@ fn config() -> ManagerConfig {
     }
 }
 
-fn manager(tier: &Arc<MockTier>, cfg: ManagerConfig) -> AsyncLookupManager<Arc<MockTier>> {
+fn manager(tier: &Arc<FaultTier>, cfg: ManagerConfig) -> AsyncLookupManager<Arc<FaultTier>> {
     AsyncLookupManager::new(Arc::clone(tier), cfg).expect("manager starts")
 }
 
@@ -81,7 +81,7 @@ fn resolve_prefix<T: Tier>(
 
 #[test]
 fn a_key_shared_by_requests_is_probed_once() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     tier.insert([key(1)]);
     let mut m = manager(&tier, config());
     let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
@@ -101,7 +101,7 @@ fn a_key_shared_by_requests_is_probed_once() {
 
 #[test]
 fn keys_are_grouped_into_one_call_per_request() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     let mut m = manager(&tier, config());
     let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
     for i in 0..3 {
@@ -123,7 +123,7 @@ fn keys_are_grouped_into_one_call_per_request() {
 
 #[test]
 fn a_key_is_enqueued_once_however_often_it_is_asked() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(20),
     )));
     let mut m = manager(&tier, config());
@@ -143,7 +143,7 @@ fn a_key_is_enqueued_once_however_often_it_is_asked() {
 
 #[test]
 fn an_in_flight_probe_outlives_cleanup_and_is_shared_by_a_new_request() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(50),
     )));
     tier.insert([key(1)]);
@@ -172,7 +172,7 @@ fn an_in_flight_probe_outlives_cleanup_and_is_shared_by_a_new_request() {
 
 #[test]
 fn an_unreferenced_in_flight_key_is_freed_when_its_answer_lands() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(30),
     )));
     let mut m = manager(&tier, config());
@@ -199,7 +199,7 @@ fn a_late_answer_for_an_older_generation_is_dropped() {
     // Request a probes key 1 (slow); after cleanup the key is gone, so a new
     // request creates a new generation. The tier changes in between: the old
     // answer ("absent") must not overwrite the new one ("present").
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     tier.set_request_fault("a", RequestFault::Delay(Duration::from_millis(150)));
     let mut m = manager(&tier, config());
     m.lookup(&key(1), &ReqContext::new("a")).unwrap();
@@ -226,7 +226,7 @@ fn a_late_answer_for_an_older_generation_is_dropped() {
 
 #[test]
 fn mark_miss_forces_a_miss_until_the_key_is_released() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     tier.insert([key(1)]);
     let mut m = manager(&tier, config());
     let ctx = ReqContext::new("a");
@@ -245,7 +245,7 @@ fn mark_miss_forces_a_miss_until_the_key_is_released() {
 // "present" must not overwrite it.
 #[test]
 fn mark_miss_wins_over_a_late_present_answer() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(40),
     )));
     tier.insert([key(1)]);
@@ -271,9 +271,9 @@ fn mark_miss_wins_over_a_late_present_answer() {
 // is probed again after the back-off.
 #[test]
 fn a_failed_probe_is_an_error_and_is_retried_after_backoff() {
-    let tier = Arc::new(MockTier::new(MockConfig {
+    let tier = Arc::new(FaultTier::new(FaultConfig {
         failure_probability: 1.0,
-        ..MockConfig::default()
+        ..FaultConfig::default()
     }));
     tier.insert([key(1)]);
     let mut m = manager(&tier, config());
@@ -286,7 +286,7 @@ fn a_failed_probe_is_an_error_and_is_retried_after_backoff() {
     let first = stats.first_error.expect("the failure's cause is kept");
     assert!(first.contains("injected"), "{first}");
 
-    tier.set_config(MockConfig::default()); // the tier recovers
+    tier.set_config(FaultConfig::default()); // the tier recovers
     std::thread::sleep(Duration::from_millis(60)); // past the 50 ms back-off
     // Re-probed in the background: still a miss meanwhile, never pending again.
     assert_eq!(m.lookup(&key(1), &ctx), Ok(LookupVerdict::Miss));
@@ -304,9 +304,9 @@ fn a_failed_probe_is_an_error_and_is_retried_after_backoff() {
 // Defect 1: a short answer resolves every key (as errors) and leaks nothing.
 #[test]
 fn a_wrong_length_answer_resolves_every_key_as_an_error() {
-    let tier = Arc::new(MockTier::new(MockConfig {
+    let tier = Arc::new(FaultTier::new(FaultConfig {
         wrong_length_probability: 1.0,
-        ..MockConfig::default()
+        ..FaultConfig::default()
     }));
     tier.insert(keys(0..4));
     let mut m = manager(&tier, config());
@@ -320,7 +320,7 @@ fn a_wrong_length_answer_resolves_every_key_as_an_error() {
     }
     assert!(matches!(
         tier.calls()[0].outcome,
-        MockOutcome::WrongLength(_)
+        FaultOutcome::WrongLength(_)
     ));
     let stats = m.stats();
     assert_eq!((stats.errors, stats.hits, stats.misses), (4, 0, 0));
@@ -333,9 +333,9 @@ fn a_wrong_length_answer_resolves_every_key_as_an_error() {
 // Defect 2: a panicking tier call neither kills the worker nor loses results.
 #[test]
 fn a_panicking_tier_call_does_not_stop_the_worker() {
-    let tier = Arc::new(MockTier::new(MockConfig {
+    let tier = Arc::new(FaultTier::new(FaultConfig {
         panic_probability: 1.0,
-        ..MockConfig::default()
+        ..FaultConfig::default()
     }));
     tier.insert([key(1), key(2)]);
     let mut m = manager(&tier, config());
@@ -344,7 +344,7 @@ fn a_panicking_tier_call_does_not_stop_the_worker() {
     m.flush();
     assert_eq!(wait_verdict(&mut m, &key(1), &ctx), LookupVerdict::Miss);
     assert_eq!(m.stats().errors, 1);
-    tier.set_config(MockConfig::default());
+    tier.set_config(FaultConfig::default());
     m.lookup(&key(2), &ctx).unwrap();
     m.flush();
     assert_eq!(wait_verdict(&mut m, &key(2), &ctx), LookupVerdict::Hit);
@@ -353,7 +353,7 @@ fn a_panicking_tier_call_does_not_stop_the_worker() {
 // Defect 3: results are seen by any later lookup, with or without a flush.
 #[test]
 fn results_are_seen_without_another_flush() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(5),
     )));
     tier.insert([key(1)]);
@@ -379,7 +379,7 @@ fn results_are_seen_without_another_flush() {
 // Defect 6: one slow request does not hold back the others of its step.
 #[test]
 fn each_request_is_published_when_its_own_call_returns() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     tier.insert([key(1), key(2)]);
     tier.set_request_fault("slow", RequestFault::Delay(Duration::from_secs(3)));
     let mut m = manager(
@@ -403,7 +403,7 @@ fn each_request_is_published_when_its_own_call_returns() {
 
 #[test]
 fn a_call_past_its_deadline_resolves_as_timeouts_and_its_late_answer_is_dropped() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     tier.insert([key(1)]);
     tier.set_request_fault("a", RequestFault::Delay(Duration::from_millis(300)));
     let mut m = manager(
@@ -424,9 +424,9 @@ fn a_call_past_its_deadline_resolves_as_timeouts_and_its_late_answer_is_dropped(
         (1, 0, 0),
         "{stats:?}"
     );
-    // The mock's call was cancelled by the deadline: it never answered.
+    // The tier's call was cancelled by the deadline: it never answered.
     wait_until(|| tier.in_flight() == 0, "the call to be cancelled");
-    assert_eq!(tier.calls()[0].outcome, MockOutcome::Unfinished);
+    assert_eq!(tier.calls()[0].outcome, FaultOutcome::Unfinished);
     assert_eq!(
         m.lookup(&key(1), &ctx),
         Ok(LookupVerdict::Miss),
@@ -437,7 +437,7 @@ fn a_call_past_its_deadline_resolves_as_timeouts_and_its_late_answer_is_dropped(
 // Defect 7: the backlog is bounded, and a slow tier sees coalesced calls.
 #[test]
 fn the_backlog_is_bounded_and_coalesces_behind_a_slow_tier() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(100),
     )));
     let mut m = manager(
@@ -487,7 +487,7 @@ fn the_backlog_is_bounded_and_coalesces_behind_a_slow_tier() {
 
 #[test]
 fn at_most_the_configured_number_of_calls_run_at_once() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(20),
     )));
     let mut m = manager(
@@ -518,7 +518,7 @@ fn at_most_the_configured_number_of_calls_run_at_once() {
 
 #[test]
 fn a_call_waiting_for_a_slot_starts_when_one_frees_without_the_scheduler() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(40),
     )));
     let mut m = manager(
@@ -545,7 +545,7 @@ fn a_call_waiting_for_a_slot_starts_when_one_frees_without_the_scheduler() {
 
 #[test]
 fn lookup_prefix_submits_the_whole_prompt_in_one_step() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     tier.insert(keys(0..5));
     let mut m = manager(&tier, config());
     let ctx = ReqContext::new("a");
@@ -563,7 +563,7 @@ fn lookup_prefix_submits_the_whole_prompt_in_one_step() {
 
 #[test]
 fn shutdown_applies_answers_that_arrive_during_its_grace() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(30),
     )));
     tier.insert(keys(0..3));
@@ -581,9 +581,9 @@ fn shutdown_applies_answers_that_arrive_during_its_grace() {
 
 #[test]
 fn shutdown_is_bounded_and_idempotent_when_a_tier_call_hangs() {
-    let tier = Arc::new(MockTier::new(MockConfig {
+    let tier = Arc::new(FaultTier::new(FaultConfig {
         hang_probability: 1.0,
-        ..MockConfig::default()
+        ..FaultConfig::default()
     }));
     let mut m = manager(
         &tier,
@@ -695,9 +695,9 @@ fn a_blocking_sync_tier_neither_stalls_other_calls_nor_shutdown() {
 
 #[test]
 fn dropping_a_manager_with_a_hung_call_does_not_hang() {
-    let tier = Arc::new(MockTier::new(MockConfig {
+    let tier = Arc::new(FaultTier::new(FaultConfig {
         hang_probability: 1.0,
-        ..MockConfig::default()
+        ..FaultConfig::default()
     }));
     let start = Instant::now();
     {
@@ -717,7 +717,7 @@ fn dropping_a_manager_with_a_hung_call_does_not_hang() {
 
 #[test]
 fn the_wake_hook_and_notifier_fire_on_results() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     let woken = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&woken);
     let mut m = AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config(), move || {
@@ -737,13 +737,15 @@ fn the_wake_hook_and_notifier_fire_on_results() {
             .await
             .expect("woken");
     });
-    assert_eq!(woken.load(Ordering::SeqCst), 1);
+    // The notifier fires before the hook runs (both on the worker): wait
+    // for the hook rather than race it.
+    wait_until(|| woken.load(Ordering::SeqCst) == 1, "wake hook");
     assert_eq!(m.lookup(&key(1), &ctx), Ok(LookupVerdict::Miss));
 }
 
 #[test]
 fn invalid_keys_and_configurations_are_typed_errors() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     let mut m = manager(
         &tier,
         ManagerConfig {
@@ -762,7 +764,7 @@ fn invalid_keys_and_configurations_are_typed_errors() {
     );
     assert!(m.is_idle(), "an invalid key leaves no state");
     let err = AsyncLookupManager::new(
-        MockTier::default(),
+        FaultTier::default(),
         ManagerConfig {
             max_calls_in_flight: 0,
             ..config()
@@ -783,7 +785,7 @@ fn invalid_keys_and_configurations_are_typed_errors() {
 
 #[test]
 fn stats_count_every_outcome_apart() {
-    let tier = Arc::new(MockTier::default());
+    let tier = Arc::new(FaultTier::default());
     tier.insert([key(1)]);
     tier.set_request_fault("failing", RequestFault::Fail);
     let mut m = manager(&tier, config());
@@ -814,7 +816,7 @@ fn stats_count_every_outcome_apart() {
 // probe must not leave state behind once the probe answers.
 #[test]
 fn mark_miss_on_an_unreferenced_in_flight_key_leaks_nothing() {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(30),
     )));
     let mut m = manager(&tier, config());

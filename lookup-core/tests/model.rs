@@ -12,6 +12,12 @@
 //!
 //! At the end every request is cleaned up and every call answered: the
 //! ledger must then be empty.
+//!
+//! The tenant case runs the same machine with tenants that share block
+//! hashes but not blocks: each salts its keys (vLLM's `cache_salt`), the
+//! tier's truth differs per tenant, and a request only asks for its own
+//! tenant's keys. On top of the model's checks, no tenant may ever get a hit
+//! for a block only another tenant holds.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -24,6 +30,10 @@ use proptest::prelude::*;
 
 const KEYS: u8 = 6;
 const REQS: u8 = 3;
+/// Tenant case: request `r` belongs to tenant `r % TENANTS`, and key id `k`
+/// is block `k % BLOCKS` of tenant `k / BLOCKS`.
+const TENANTS: u8 = 2;
+const BLOCKS: u8 = KEYS / TENANTS;
 const TIMEOUT_MS: u64 = 100;
 const BACKOFF_MS: u64 = 50;
 
@@ -171,13 +181,64 @@ struct Harness {
     expired: HashSet<CallId>,
     ctxs: Vec<ReqContext>,
     keys: Vec<OffloadKey>,
+    /// Key bytes → key id.
+    ids: HashMap<OffloadKey, u8>,
+    /// Tenant case: requests ask only for their tenant's keys, and whether
+    /// each key was ever present in the tier.
+    tenants: bool,
+    ever_present: [bool; KEYS as usize],
 }
 
-fn key_id(key: &OffloadKey) -> u8 {
-    key.as_bytes()[0]
+/// The key of `block` for `tenant`: the tenant's salt goes into the block
+/// hash (here its first byte, standing for vLLM's salted hash chain), so the
+/// same prompt gives different keys per tenant.
+fn salted(tenant: u8, block: u8) -> OffloadKey {
+    let mut hash = [block; 32];
+    hash[0] = 0xa0 + tenant;
+    OffloadKey::from_block_hash(&hash, 0)
 }
 
 impl Harness {
+    /// The tenant case: salted keys, tenant 0 holding every block and
+    /// tenant 1 none until the tier's truth changes.
+    fn with_tenants() -> Self {
+        let mut h = Self::new();
+        h.keys = (0..KEYS).map(|k| salted(k / BLOCKS, k % BLOCKS)).collect();
+        h.ids = h.keys.iter().cloned().zip(0..).collect();
+        h.tenants = true;
+        for k in 0..BLOCKS {
+            h.truth[usize::from(k)] = true;
+            h.ever_present[usize::from(k)] = true;
+        }
+        h
+    }
+
+    /// The key id request `req` asks for when told `key`: in the tenant
+    /// case, that block of the request's own tenant.
+    fn key_for(&self, req: u8, key: u8) -> u8 {
+        if self.tenants {
+            (req % TENANTS) * BLOCKS + key % BLOCKS
+        } else {
+            key
+        }
+    }
+
+    fn key_id(&self, key: &OffloadKey) -> u8 {
+        self.ids.get(key).copied().unwrap_or(u8::MAX)
+    }
+
+    /// A hit for a key whose tier never held it was another tenant's.
+    fn check_tenant_hit(&self, req: u8, key: u8) -> Result<(), TestCaseError> {
+        prop_assert!(
+            self.ever_present[usize::from(key)],
+            "request {} of tenant {} got a hit for block {}, which only another tenant holds",
+            req,
+            req % TENANTS,
+            key % BLOCKS
+        );
+        Ok(())
+    }
+
     fn new() -> Self {
         let cfg = ManagerConfig {
             call_timeout_ms: TIMEOUT_MS,
@@ -200,12 +261,15 @@ impl Harness {
                 .map(|r| ReqContext::new(format!("req-{r}")))
                 .collect(),
             keys: (0..KEYS).map(|k| OffloadKey::new(&[k; 36])).collect(),
+            ids: (0..KEYS).map(|k| (OffloadKey::new(&[k; 36]), k)).collect(),
+            tenants: false,
+            ever_present: [false; KEYS as usize],
         }
     }
 
     fn start_calls(&mut self) -> Result<(), TestCaseError> {
         while let Some(call) = self.ledger.next_call(self.now) {
-            let ids: Vec<u8> = call.keys.iter().map(key_id).collect();
+            let ids: Vec<u8> = call.keys.iter().map(|k| self.key_id(k)).collect();
             prop_assert!(
                 !ids.is_empty() && ids.len() <= 3,
                 "a call of {} keys (max_keys_per_call is 3)",
@@ -286,16 +350,27 @@ impl Harness {
     fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
         match *op {
             Op::Lookup { req, key } => {
+                let key = self.key_for(req, key);
                 let got = self.ledger.lookup(
                     &self.keys[usize::from(key)],
                     &self.ctxs[usize::from(req)],
                     &mut LazyNow::at(self.now),
                 );
                 let want = self.model.lookup(req, key, self.now);
-                prop_assert_eq!(got, Ok(want), "lookup req {} key {}", req, key);
+                prop_assert_eq!(&got, &Ok(want), "lookup req {} key {}", req, key);
+                if got == Ok(LookupVerdict::Hit) {
+                    self.check_tenant_hit(req, key)?;
+                }
             }
             Op::Prefix { req, start, len } => {
-                let ids: Vec<u8> = (start..(start + len).min(KEYS)).collect();
+                let ids: Vec<u8> = if self.tenants {
+                    let first = start % BLOCKS;
+                    (first..(first + len).min(BLOCKS))
+                        .map(|b| self.key_for(req, b))
+                        .collect()
+                } else {
+                    (start..(start + len).min(KEYS)).collect()
+                };
                 let keys: Vec<OffloadKey> = ids
                     .iter()
                     .map(|&k| self.keys[usize::from(k)].clone())
@@ -306,7 +381,12 @@ impl Harness {
                     &mut LazyNow::at(self.now),
                 );
                 let want = self.model.prefix(req, &ids, self.now);
-                prop_assert_eq!(got, Ok(want), "prefix req {} keys {:?}", req, ids);
+                prop_assert_eq!(&got, &Ok(want), "prefix req {} keys {:?}", req, ids);
+                if let Ok(PrefixVerdict::Ready(hits)) = got {
+                    for &k in &ids[..hits] {
+                        self.check_tenant_hit(req, k)?;
+                    }
+                }
             }
             Op::Flush => {
                 self.ledger.flush(self.now);
@@ -336,7 +416,10 @@ impl Harness {
                     }
                 }
             }
-            Op::SetTruth { key, present } => self.truth[usize::from(key)] = present,
+            Op::SetTruth { key, present } => {
+                self.truth[usize::from(key)] = present;
+                self.ever_present[usize::from(key)] |= present;
+            }
         }
         prop_assert_eq!(
             self.ledger.stats().tracked_keys,
@@ -348,30 +431,47 @@ impl Harness {
     }
 }
 
+/// Runs `ops`, then winds down: every request finishes, every call is
+/// answered, and the ledger must be empty.
+fn run(mut h: Harness, ops: &[Op]) -> Result<(), TestCaseError> {
+    for op in ops {
+        h.apply(op)?;
+    }
+    for req in 0..REQS {
+        h.apply(&Op::Cleanup { req })?;
+    }
+    for _ in 0..64 {
+        h.apply(&Op::Flush)?;
+        h.apply(&Op::StartCalls)?;
+        if h.calls.is_empty() {
+            break;
+        }
+        h.apply(&Op::Deliver {
+            pick: 0,
+            how: Answer::Correct,
+        })?;
+    }
+    prop_assert!(h.calls.is_empty());
+    prop_assert!(h.ledger.is_empty(), "state left: {:?}", h.ledger.stats());
+    prop_assert!(h.model.keys.is_empty());
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { max_shrink_iters: 4096, ..ProptestConfig::default() })]
 
     #[test]
     fn ledger_matches_the_model(ops in proptest::collection::vec(op(), 1..120)) {
-        let mut h = Harness::new();
-        for op in &ops {
-            h.apply(op)?;
-        }
-        // Wind down: every request finishes, every call is answered.
-        for req in 0..REQS {
-            h.apply(&Op::Cleanup { req })?;
-        }
-        for _ in 0..64 {
-            h.apply(&Op::Flush)?;
-            h.apply(&Op::StartCalls)?;
-            if h.calls.is_empty() {
-                break;
-            }
-            h.apply(&Op::Deliver { pick: 0, how: Answer::Correct })?;
-        }
-        prop_assert!(h.calls.is_empty());
-        prop_assert!(h.ledger.is_empty(), "state left: {:?}", h.ledger.stats());
-        prop_assert!(h.model.keys.is_empty());
+        run(Harness::new(), &ops)?;
+    }
+
+    /// Tenants with salted keys over one ledger and a tier whose truth
+    /// differs per tenant: every verdict is the asking tenant's own.
+    #[test]
+    fn tenants_with_salted_keys_get_only_their_own_verdicts(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run(Harness::with_tenants(), &ops)?;
     }
 
     /// Once every key of every request has been flushed and answered, every

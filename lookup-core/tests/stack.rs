@@ -3,24 +3,24 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvtier_core::testkit::{FaultConfig, FaultTier, RequestFault};
 use kvtier_core::{
     AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, StackPolicy, StackVerdict, TierStack,
 };
-use kvtier_mock::{MockConfig, MockTier, RequestFault};
 
 fn key(i: u8) -> OffloadKey {
     OffloadKey::new(&[i; 36])
 }
 
-fn mock(keys: &[u8], latency_ms: u64) -> Arc<MockTier> {
-    let tier = Arc::new(MockTier::new(MockConfig::with_latency(
+fn tier(keys: &[u8], latency_ms: u64) -> Arc<FaultTier> {
+    let tier = Arc::new(FaultTier::new(FaultConfig::with_latency(
         Duration::from_millis(latency_ms),
     )));
     tier.insert(keys.iter().map(|&k| key(k)));
     tier
 }
 
-fn stack(policy: StackPolicy, tiers: &[&Arc<MockTier>]) -> TierStack {
+fn stack(policy: StackPolicy, tiers: &[&Arc<FaultTier>]) -> TierStack {
     let mut stack = TierStack::new(policy);
     for (i, tier) in tiers.iter().enumerate() {
         stack.push(Box::new(
@@ -47,8 +47,8 @@ fn resolve(stack: &mut TierStack, prompt: &[OffloadKey], ctx: &ReqContext) -> St
 
 #[test]
 fn each_block_comes_from_the_first_tier_that_holds_it() {
-    let near = mock(&[0, 1, 3], 0);
-    let far = mock(&[0, 1, 2, 3, 5], 0);
+    let near = tier(&[0, 1, 3], 0);
+    let far = tier(&[0, 1, 2, 3, 5], 0);
     let mut s = stack(StackPolicy::default(), &[&near, &far]);
     let prompt: Vec<OffloadKey> = (0..7).map(key).collect();
     let ctx = ReqContext::new("r");
@@ -76,9 +76,9 @@ fn each_block_comes_from_the_first_tier_that_holds_it() {
 
 #[test]
 fn a_pending_preferred_tier_keeps_the_answer_pending_unless_the_policy_says_otherwise() {
-    let near = mock(&[0], 0);
+    let near = tier(&[0], 0);
     near.set_request_fault("r", RequestFault::Delay(Duration::from_millis(300)));
-    let far = mock(&[0], 0);
+    let far = tier(&[0], 0);
     let prompt = vec![key(0)];
     let ctx = ReqContext::new("r");
 
@@ -119,8 +119,8 @@ fn a_pending_preferred_tier_keeps_the_answer_pending_unless_the_policy_says_othe
 
 #[test]
 fn mark_miss_names_its_tier_and_the_block_falls_through() {
-    let near = mock(&[0, 1], 0);
-    let far = mock(&[0, 1], 0);
+    let near = tier(&[0, 1], 0);
+    let far = tier(&[0, 1], 0);
     let mut s = stack(StackPolicy::default(), &[&near, &far]);
     let prompt = vec![key(0), key(1)];
     let ctx = ReqContext::new("r");

@@ -53,7 +53,11 @@ impl Tier for RemoteIndex {
         keys: &[OffloadKey],
         _ctx: &ReqContext,
     ) -> Result<Vec<bool>, TierError> {
-        // A real client would send one batched request here.
+        // A real client would send one batched request here. It answers from
+        // the keys alone: the manager shares one answer among every request
+        // asking for the same key, so a multi-tenant backend keeps tenants
+        // apart by their keys (a salted block hash) or by a tier instance
+        // per tenant, never by the request.
         tokio::time::sleep(Duration::from_millis(2)).await;
         let held = self.read()?;
         Ok(keys.iter().map(|k| held.contains_key(k)).collect())

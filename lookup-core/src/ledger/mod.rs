@@ -1,11 +1,59 @@
-//! The manager's state machine, without threads or clocks ("sans-IO").
+//! The manager's state machine, without threads or clocks ("sans-IO"):
+//! the API for custom transports.
 //!
 //! [`Ledger`] holds every key's lookup state and decides what to probe; it
 //! never calls a tier and never reads the clock: time comes in as an
 //! argument. [`AsyncLookupManager`](crate::AsyncLookupManager) drives it from
-//! the scheduler thread and carries its [`TierCall`]s to a worker. Tests (and
-//! bindings with their own transport) can drive it directly, delivering
-//! results late, twice or out of order.
+//! the scheduler thread and carries its [`TierCall`]s to a worker. Anything
+//! else that can carry a call and bring its answer back can drive it the same
+//! way: an event loop of your own, a binding with its own runtime, a
+//! simulation, a test delivering results late, twice or out of order.
+//!
+//! # Driving it yourself
+//!
+//! The loop a transport runs: look keys up, [`flush`](Ledger::flush) once per
+//! scheduler step, start every call [`next_call`](Ledger::next_call) hands
+//! out, [`complete`](Ledger::complete) each with its outcome, and call
+//! [`expire`](Ledger::expire) now and then so a call that never answers
+//! resolves at its deadline.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use kvtier_core::ledger::{CallOutcome, LazyNow, Ledger};
+//! use kvtier_core::{LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+//!
+//! let mut ledger = Ledger::new(&ManagerConfig::named("my-transport"));
+//! let ctx = ReqContext::new("req-1");
+//! let (cached, cold) = (OffloadKey::new(&[1; 36]), OffloadKey::new(&[2; 36]));
+//!
+//! // The scheduler asks; nothing is known yet.
+//! let now = Instant::now();
+//! for key in [&cached, &cold] {
+//!     assert_eq!(ledger.lookup(key, &ctx, &mut LazyNow::at(now))?, LookupVerdict::Pending);
+//! }
+//! ledger.flush(now);
+//!
+//! // The transport: carry each call to the tier (here, answered in place)
+//! // and hand the outcome back with the call's id.
+//! while let Some(call) = ledger.next_call(now) {
+//!     assert_eq!(call.ctx.req_id(), "req-1");
+//!     let found = call.keys.iter().map(|k| *k == cached).collect();
+//!     ledger.complete(call.id, CallOutcome::Answered(found), Duration::from_micros(50), now);
+//! }
+//!
+//! // The next step answers from the ledger.
+//! let mut later = LazyNow::at(now + Duration::from_millis(1));
+//! assert_eq!(ledger.lookup(&cached, &ctx, &mut later)?, LookupVerdict::Hit);
+//! assert_eq!(ledger.lookup(&cold, &ctx, &mut later)?, LookupVerdict::Miss);
+//! ledger.cleanup("req-1");
+//! assert!(ledger.is_empty());
+//! # Ok::<(), kvtier_core::LookupError>(())
+//! ```
+//!
+//! The ledger identifies a block by its key bytes alone, across requests:
+//! two requests asking for the same bytes share one probe and one verdict.
+//! Keys of different tenants must therefore differ in their bytes; see
+//! [`ReqContext`].
 //!
 //! # Why it is correct without locks
 //!
@@ -43,137 +91,51 @@
 //!   one waiting for a free call slot, one in the call.
 //! - **`mark_miss` wins.** After a failed load the scheduler forces a miss;
 //!   no later answer can turn it back into a hit (the livelock of vLLM #49176).
-
 //!
 //! # Layout
 //!
-//! Every tracked key lives in one slab entry with a stable index ("slot").
-//! The only hash probe is `lookup`'s (and `mark_miss`'s): a table of 4-byte
-//! slots keyed by the key's precomputed hash. An entry is split in two: the
-//! hot part (the key, its generation, phase and the "already asked by this
-//! request" mark) is one 64-byte, cache-line-aligned value, so a lookup of
-//! a resolved key touches one line past the table; the cold part (reference
-//! count, creator, flush and retry times) sits in a parallel array read only
-//! when a request first refers to a key, at flush, at answer and at cleanup. Everything downstream (the
-//! flush batch, queued groups, running calls, queue deadlines, a request's
+//! Every tracked key lives in one slab entry with a stable index ("slot",
+//! `slab.rs`). The only hash probe is `lookup`'s (and `mark_miss`'s): a table
+//! of 4-byte slots keyed by the key's precomputed hash (`table.rs`). An entry
+//! is split in two: the hot part (the key, its generation, phase and the
+//! "already asked by this request" mark) is one 64-byte, cache-line-aligned
+//! value, so a lookup of a resolved key touches one line past the table; the
+//! cold part (reference count, creator, flush and retry times) sits in a
+//! parallel array read only when a request first refers to a key, at flush,
+//! at answer and at cleanup. Everything downstream (the flush batch and the
+//! queued groups of `batch.rs`, running calls, queue deadlines, a request's
 //! references) holds `(slot, generation)` pairs and reaches the entry by
 //! index; the generation check makes a pair whose slot was freed or reused
 //! harmless. Keys of one step get neighbouring slots, so a flush, a call
-//! start and an answer walk memory in order.
+//! start and an answer walk memory in order. The values that cross to a
+//! transport ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
+
+mod batch;
+mod call;
+mod slab;
+mod table;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use hashbrown::HashTable;
 
 use crate::config::ManagerConfig;
 use crate::error::{LookupError, TierError, TierErrorKind};
 use crate::key::{OffloadKey, ReqContext};
 use crate::stats::{LatencyHistogram, ManagerStats};
 
+/// The verdict types, also here for code that names them by this path.
+pub use crate::verdict::{LookupVerdict, PrefixVerdict};
+use batch::{Batch, Group, RUN_CAPACITY};
+pub use call::{CallId, CallOutcome, LazyNow, TierCall};
+use slab::{Slab, Slot};
+use table::{KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe};
+
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// Index of a key's entry in the key table.
-type Slot = u32;
-
-/// One probe of one key: its slot and the generation it was submitted under.
-type Probe = (Slot, u64);
 
 /// The slots a request refers to (slab indices: not attacker-chosen, so a
 /// fixed fast hasher is fine).
 type SlotSet = HashSet<Slot, foldhash::fast::FixedState>;
-
-/// The answer to one key's lookup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LookupVerdict {
-    /// The block exists in the tier.
-    Hit,
-    /// The block does not exist, its probe failed, or the scheduler marked it missing.
-    Miss,
-    /// No answer yet; ask again next step.
-    Pending,
-}
-
-/// The answer to a prefix lookup: how many leading blocks exist.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PrefixVerdict {
-    /// Every key up to the first miss is resolved; this many leading keys are hits.
-    Ready(usize),
-    /// A key before the first known miss has no answer yet.
-    Pending,
-}
-
-/// Identifies one tier call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CallId(pub u64);
-
-/// One tier call the ledger wants made: one request's keys.
-#[derive(Debug, Clone)]
-pub struct TierCall {
-    /// Pass this back to [`Ledger::complete`].
-    pub id: CallId,
-    /// The keys to probe, each once.
-    pub keys: Arc<[OffloadKey]>,
-    /// The context of the request that first asked for these keys.
-    pub ctx: ReqContext,
-    /// When the ledger will resolve the keys as timeouts if no answer came.
-    pub deadline: Instant,
-}
-
-/// How a tier call ended.
-#[derive(Debug)]
-pub enum CallOutcome {
-    /// The tier answered (possibly with the wrong number of results).
-    Answered(Vec<bool>),
-    /// The tier failed or its future panicked.
-    Failed(TierError),
-    /// The deadline passed first.
-    TimedOut,
-}
-
-/// A clock read at most once, only when an answer needs the time.
-#[derive(Debug, Clone, Copy)]
-pub struct LazyNow(Option<Instant>);
-
-impl LazyNow {
-    /// Reads the system clock the first time it is needed.
-    pub fn new() -> Self {
-        Self(None)
-    }
-
-    /// A fixed time, for tests and simulations.
-    pub fn at(now: Instant) -> Self {
-        Self(Some(now))
-    }
-
-    /// The time.
-    pub fn get(&mut self) -> Instant {
-        *self.0.get_or_insert_with(Instant::now)
-    }
-}
-
-impl Default for LazyNow {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Looked up since the last flush.
-    Unsubmitted,
-    /// Flushed, waiting for room to start its tier call.
-    Queued,
-    /// In a running tier call.
-    InFlight,
-    Present,
-    Absent,
-    ForcedMiss,
-    /// The probe failed or timed out; answer miss until the entry's
-    /// `retry_at` (ledger ticks).
-    Failed,
-}
 
 /// Adds `slot` to a request's shared keys; whether it was new. The first
 /// one reserves room for a run of keys, rather than growing the set (and
@@ -184,319 +146,6 @@ fn share(shared: &mut SlotSet, slot: Slot) -> bool {
         shared.reserve(RUN_CAPACITY);
     }
     shared.insert(slot)
-}
-
-/// Room reserved for a request's keys when it first looks one up (grows
-/// as usual past it).
-const RUN_CAPACITY: usize = 16;
-
-/// A request serial no request has: the "no request" mark of an entry.
-const NO_REQUEST: u32 = u32::MAX;
-
-/// The hot part of a tracked key: what a lookup reads, in one cache line.
-#[derive(Debug)]
-#[repr(align(64))]
-struct KeyEntry {
-    key: OffloadKey,
-    generation: u64,
-    /// The serial of the last request that touched the key: skips the
-    /// membership probe when a request asks for its own key again.
-    last_req: u32,
-    phase: Phase,
-    /// Whether a verdict for this generation was already returned.
-    reported: bool,
-    /// The previous probe failed and this one re-checks it: answer miss
-    /// (not pending) until it lands, so a failure never makes a request wait.
-    revalidating: bool,
-}
-
-/// The cold part of a tracked key, at the same slot as its [`KeyEntry`].
-#[derive(Debug, Clone, Copy)]
-struct KeyCold {
-    /// Requests holding a reference. Zero only while a probe runs (the key
-    /// is retained for its answer, then forgotten).
-    refs: u32,
-    /// The serial of the request that created the entry (and holds a
-    /// reference from then until its cleanup); `NO_REQUEST` once serials
-    /// were renumbered.
-    creator: u32,
-    /// In phase `Failed`, when to probe again, in ledger ticks. In any other
-    /// phase, when the flush that submitted this generation happened, in
-    /// ledger ticks plus one; 0 if not flushed.
-    time: u64,
-}
-
-impl KeyCold {
-    fn new(creator: u32) -> Self {
-        Self {
-            refs: 1,
-            creator,
-            time: 0,
-        }
-    }
-}
-
-/// log2 of the number of values in one [`SegVec`] segment.
-const SEGMENT_SHIFT: u32 = 10;
-const SEGMENT_LEN: usize = 1 << SEGMENT_SHIFT;
-
-/// A vector in fixed segments of `SEGMENT_LEN` values, each allocated
-/// exactly: growing never copies the values and leaves at most one segment
-/// partly unused, where a doubling `Vec` leaves up to half its capacity
-/// (and the key table is most of the manager's memory).
-#[derive(Debug)]
-struct SegVec<T> {
-    segments: Vec<Vec<T>>,
-    len: usize,
-}
-
-impl<T> Default for SegVec<T> {
-    fn default() -> Self {
-        Self {
-            segments: Vec::new(),
-            len: 0,
-        }
-    }
-}
-
-impl<T> SegVec<T> {
-    #[inline(always)]
-    fn get(&self, i: usize) -> Option<&T> {
-        self.segments
-            .get(i >> SEGMENT_SHIFT)?
-            .get(i & (SEGMENT_LEN - 1))
-    }
-
-    #[inline]
-    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
-        self.segments
-            .get_mut(i >> SEGMENT_SHIFT)?
-            .get_mut(i & (SEGMENT_LEN - 1))
-    }
-
-    fn push(&mut self, value: T) {
-        match self.segments.last_mut() {
-            Some(segment) if segment.len() < SEGMENT_LEN => segment.push(value),
-            _ => {
-                let mut segment = Vec::with_capacity(SEGMENT_LEN);
-                segment.push(value);
-                self.segments.push(segment);
-            }
-        }
-        self.len += 1;
-    }
-
-    /// Stores `value` at `i` (an existing index) or at the end (`i == len`).
-    fn set(&mut self, i: usize, value: T) {
-        match self.get_mut(i) {
-            Some(v) => *v = value,
-            None => self.push(value),
-        }
-    }
-
-    fn clear(&mut self) {
-        self.segments.clear();
-        self.len = 0;
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.segments.iter_mut().flatten()
-    }
-}
-
-/// Values with stable `u32` indices; freed indices are reused, most
-/// recently freed first (its memory is likely still cached).
-#[derive(Debug)]
-struct Slab<T> {
-    entries: SegVec<Option<T>>,
-    free: Vec<Slot>,
-    len: usize,
-}
-
-impl<T> Default for Slab<T> {
-    fn default() -> Self {
-        Self {
-            entries: SegVec::default(),
-            free: Vec::new(),
-            len: 0,
-        }
-    }
-}
-
-impl<T> Slab<T> {
-    /// Stores `value`; `None` when all 2^32 indices are taken.
-    fn insert(&mut self, value: T) -> Option<Slot> {
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.entries.set(slot as usize, Some(value));
-                slot
-            }
-            None => {
-                let slot = Slot::try_from(self.entries.len).ok()?;
-                self.entries.push(Some(value));
-                slot
-            }
-        };
-        self.len += 1;
-        Some(slot)
-    }
-
-    #[inline]
-    fn get(&self, slot: Slot) -> Option<&T> {
-        self.entries.get(slot as usize)?.as_ref()
-    }
-
-    #[inline]
-    fn get_mut(&mut self, slot: Slot) -> Option<&mut T> {
-        self.entries.get_mut(slot as usize)?.as_mut()
-    }
-
-    fn remove(&mut self, slot: Slot) -> Option<T> {
-        let value = self.entries.get_mut(slot as usize)?.take()?;
-        self.len -= 1;
-        if self.len == 0 {
-            // Start again from index 0: keeps indices dense after a burst.
-            self.entries.clear();
-            self.free.clear();
-        } else {
-            self.free.push(slot);
-        }
-        Some(value)
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.entries.iter_mut().flatten()
-    }
-}
-
-/// The tracked keys: entries in a slab, found through a table of slots.
-#[derive(Debug, Default)]
-struct KeyTable {
-    index: HashTable<Slot>,
-    slab: Slab<KeyEntry>,
-    /// The cold part of the entry at the same index of `slab`.
-    cold: SegVec<KeyCold>,
-    /// The flush time of keys that failed before their first verdict was
-    /// returned (their `KeyCold::time` holds the retry time): rare, so kept
-    /// apart rather than in every entry.
-    failed_flushed_at: FastMap<Slot, u64>,
-}
-
-impl KeyTable {
-    #[inline(always)]
-    fn find(&self, key: &OffloadKey) -> Option<Slot> {
-        self.find_entry(key).map(|(slot, _)| slot)
-    }
-
-    /// The key's slot and hot entry, read once.
-    #[inline(always)]
-    fn find_entry(&self, key: &OffloadKey) -> Option<(Slot, &KeyEntry)> {
-        let slab = &self.slab;
-        let mut found = None;
-        let slot = *self.index.find(key.prehash(), |&slot| {
-            found = slab.get(slot).filter(|entry| entry.key == *key);
-            found.is_some()
-        })?;
-        Some((slot, found?))
-    }
-
-    /// Adds an entry for a key not in the table; `None` if the slab is full.
-    fn insert(&mut self, entry: KeyEntry, cold: KeyCold) -> Option<Slot> {
-        let hash = entry.key.prehash();
-        let slot = self.slab.insert(entry)?;
-        self.cold.set(slot as usize, cold);
-        let slab = &self.slab;
-        self.index.insert_unique(hash, slot, |&s| {
-            slab.get(s).map_or(0, |entry| entry.key.prehash())
-        });
-        Some(slot)
-    }
-
-    fn remove(&mut self, slot: Slot) {
-        let Some(entry) = self.slab.get(slot) else {
-            return;
-        };
-        if let Ok(found) = self.index.find_entry(entry.key.prehash(), |&s| s == slot) {
-            found.remove();
-        }
-        self.slab.remove(slot);
-        if self.slab.len == 0 {
-            // The slab started again from index 0.
-            self.cold.clear();
-            self.failed_flushed_at.clear();
-        } else if !self.failed_flushed_at.is_empty() {
-            self.failed_flushed_at.remove(&slot);
-        }
-    }
-
-    #[inline]
-    fn get(&self, slot: Slot) -> Option<&KeyEntry> {
-        self.slab.get(slot)
-    }
-
-    #[inline]
-    fn get_mut(&mut self, slot: Slot) -> Option<&mut KeyEntry> {
-        self.slab.get_mut(slot)
-    }
-
-    /// Both parts of the entry at `slot`.
-    #[inline]
-    fn get_both(&mut self, slot: Slot) -> Option<(&mut KeyEntry, &mut KeyCold)> {
-        let entry = self.slab.get_mut(slot)?;
-        let cold = self.cold.get_mut(slot as usize)?;
-        Some((entry, cold))
-    }
-
-    /// The entry at `slot` if it still holds probe `generation` (generations
-    /// are never reused, so this also proves it is the same key).
-    #[inline]
-    fn probe_mut(&mut self, (slot, generation): Probe) -> Option<&mut KeyEntry> {
-        self.slab
-            .get_mut(slot)
-            .filter(|entry| entry.generation == generation)
-    }
-
-    /// Both parts of the entry at `slot` if it still holds probe `generation`.
-    #[inline]
-    fn probe_both(&mut self, probe: Probe) -> Option<(&mut KeyEntry, &mut KeyCold)> {
-        self.get_both(probe.0)
-            .filter(|(entry, _)| entry.generation == probe.1)
-    }
-
-    /// Moves the key at `slot` to phase `Failed`, to be probed again at
-    /// `retry_at` (ticks); its flush time moves aside if its first verdict
-    /// is still to be returned.
-    fn set_failed(&mut self, slot: Slot, retry_at: u64) {
-        let (Some(state), Some(cold)) = (self.slab.get_mut(slot), self.cold.get_mut(slot as usize))
-        else {
-            return;
-        };
-        state.phase = Phase::Failed;
-        state.revalidating = false;
-        let flushed_at = std::mem::replace(&mut cold.time, retry_at);
-        if !state.reported {
-            self.failed_flushed_at.insert(slot, flushed_at);
-        }
-    }
-
-    /// Forgets every entry's request marks (after request serials were
-    /// renumbered): the next ask of each key checks membership again.
-    fn forget_request_marks(&mut self) {
-        for entry in self.slab.iter_mut() {
-            entry.last_req = NO_REQUEST;
-        }
-        for cold in self.cold.iter_mut() {
-            cold.creator = NO_REQUEST;
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.slab.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.slab.len == 0
-    }
 }
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
@@ -512,60 +161,6 @@ struct RequestEntry {
     created: Vec<Slot>,
     /// Keys created by another request that this one also refers to.
     shared: SlotSet,
-}
-
-/// Keys looked up since the last flush, in runs of one request each (a
-/// scheduler looks up a request's keys together).
-#[derive(Debug, Default)]
-struct Batch {
-    runs: Vec<BatchRun>,
-    len: usize,
-}
-
-#[derive(Debug)]
-struct BatchRun {
-    /// The request's slot and serial in `request_slab` when it looked up.
-    request: (Slot, u32),
-    ctx: ReqContext,
-    probes: Vec<Probe>,
-}
-
-impl Batch {
-    #[inline]
-    fn push(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
-        match self.runs.last_mut() {
-            Some(run) if run.request == (request, serial) => run.probes.push(probe),
-            _ => self.runs.push(BatchRun {
-                request: (request, serial),
-                ctx: ctx.clone(),
-                probes: {
-                    // A scheduler looks up a request's keys together:
-                    // start with room for a typical run, not one key.
-                    let mut probes = Vec::with_capacity(RUN_CAPACITY);
-                    probes.push(probe);
-                    probes
-                },
-            }),
-        }
-        self.len += 1;
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn take(&mut self) -> Vec<BatchRun> {
-        self.len = 0;
-        std::mem::take(&mut self.runs)
-    }
-}
-
-#[derive(Debug)]
-struct Group {
-    seq: u64,
-    step: u64,
-    ctx: ReqContext,
-    probes: Vec<Probe>,
 }
 
 #[derive(Debug)]
@@ -1449,13 +1044,6 @@ mod tests {
             let found = vec![true; call.keys.len()];
             l.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
         }
-    }
-
-    #[test]
-    fn a_resolved_lookup_reads_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Option<KeyEntry>>(), 64);
-        assert_eq!(std::mem::align_of::<KeyEntry>(), 64);
-        assert_eq!(std::mem::size_of::<KeyCold>(), 16);
     }
 
     #[test]

@@ -1,0 +1,66 @@
+//! The flush batch: keys looked up since the last flush, in runs of one
+//! request each, and the groups a flush turns them into.
+
+use super::slab::Slot;
+use super::table::Probe;
+use crate::key::ReqContext;
+
+/// Room reserved for a request's keys when it first looks one up (grows
+/// as usual past it).
+pub(super) const RUN_CAPACITY: usize = 16;
+
+/// Keys looked up since the last flush, in runs of one request each (a
+/// scheduler looks up a request's keys together).
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    pub(super) runs: Vec<BatchRun>,
+    pub(super) len: usize,
+}
+
+#[derive(Debug)]
+pub(super) struct BatchRun {
+    /// The request's slot and serial in `request_slab` when it looked up.
+    pub(super) request: (Slot, u32),
+    pub(super) ctx: ReqContext,
+    pub(super) probes: Vec<Probe>,
+}
+
+impl Batch {
+    #[inline]
+    pub(super) fn push(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
+        match self.runs.last_mut() {
+            Some(run) if run.request == (request, serial) => run.probes.push(probe),
+            _ => self.runs.push(BatchRun {
+                request: (request, serial),
+                ctx: ctx.clone(),
+                probes: {
+                    // A scheduler looks up a request's keys together:
+                    // start with room for a typical run, not one key.
+                    let mut probes = Vec::with_capacity(RUN_CAPACITY);
+                    probes.push(probe);
+                    probes
+                },
+            }),
+        }
+        self.len += 1;
+    }
+
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    pub(super) fn take(&mut self) -> Vec<BatchRun> {
+        self.len = 0;
+        std::mem::take(&mut self.runs)
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Group {
+    pub(super) seq: u64,
+    pub(super) step: u64,
+    pub(super) ctx: ReqContext,
+    pub(super) probes: Vec<Probe>,
+}

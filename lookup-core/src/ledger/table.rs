@@ -1,0 +1,221 @@
+//! The tracked keys: one slab entry per key, found through a table of
+//! slots keyed by the key's precomputed hash; see the ledger's "Layout".
+
+use hashbrown::HashTable;
+
+use super::FastMap;
+use super::slab::{SegVec, Slab, Slot};
+use crate::key::OffloadKey;
+
+/// One probe of one key: its slot and the generation it was submitted under.
+pub(super) type Probe = (Slot, u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Looked up since the last flush.
+    Unsubmitted,
+    /// Flushed, waiting for room to start its tier call.
+    Queued,
+    /// In a running tier call.
+    InFlight,
+    Present,
+    Absent,
+    ForcedMiss,
+    /// The probe failed or timed out; answer miss until the entry's
+    /// `retry_at` (ledger ticks).
+    Failed,
+}
+
+/// A request serial no request has: the "no request" mark of an entry.
+pub(super) const NO_REQUEST: u32 = u32::MAX;
+
+/// The hot part of a tracked key: what a lookup reads, in one cache line.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(super) struct KeyEntry {
+    pub(super) key: OffloadKey,
+    pub(super) generation: u64,
+    /// The serial of the last request that touched the key: skips the
+    /// membership probe when a request asks for its own key again.
+    pub(super) last_req: u32,
+    pub(super) phase: Phase,
+    /// Whether a verdict for this generation was already returned.
+    pub(super) reported: bool,
+    /// The previous probe failed and this one re-checks it: answer miss
+    /// (not pending) until it lands, so a failure never makes a request wait.
+    pub(super) revalidating: bool,
+}
+
+/// The cold part of a tracked key, at the same slot as its [`KeyEntry`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeyCold {
+    /// Requests holding a reference. Zero only while a probe runs (the key
+    /// is retained for its answer, then forgotten).
+    pub(super) refs: u32,
+    /// The serial of the request that created the entry (and holds a
+    /// reference from then until its cleanup); `NO_REQUEST` once serials
+    /// were renumbered.
+    pub(super) creator: u32,
+    /// In phase `Failed`, when to probe again, in ledger ticks. In any other
+    /// phase, when the flush that submitted this generation happened, in
+    /// ledger ticks plus one; 0 if not flushed.
+    pub(super) time: u64,
+}
+
+impl KeyCold {
+    #[inline]
+    pub(super) fn new(creator: u32) -> Self {
+        Self {
+            refs: 1,
+            creator,
+            time: 0,
+        }
+    }
+}
+
+/// The tracked keys: entries in a slab, found through a table of slots.
+#[derive(Debug, Default)]
+pub(super) struct KeyTable {
+    index: HashTable<Slot>,
+    slab: Slab<KeyEntry>,
+    /// The cold part of the entry at the same index of `slab`.
+    pub(super) cold: SegVec<KeyCold>,
+    /// The flush time of keys that failed before their first verdict was
+    /// returned (their `KeyCold::time` holds the retry time): rare, so kept
+    /// apart rather than in every entry.
+    pub(super) failed_flushed_at: FastMap<Slot, u64>,
+}
+
+impl KeyTable {
+    #[inline(always)]
+    pub(super) fn find(&self, key: &OffloadKey) -> Option<Slot> {
+        self.find_entry(key).map(|(slot, _)| slot)
+    }
+
+    /// The key's slot and hot entry, read once.
+    #[inline(always)]
+    pub(super) fn find_entry(&self, key: &OffloadKey) -> Option<(Slot, &KeyEntry)> {
+        let slab = &self.slab;
+        let mut found = None;
+        let slot = *self.index.find(key.prehash(), |&slot| {
+            found = slab.get(slot).filter(|entry| entry.key == *key);
+            found.is_some()
+        })?;
+        Some((slot, found?))
+    }
+
+    /// Adds an entry for a key not in the table; `None` if the slab is full.
+    #[inline]
+    pub(super) fn insert(&mut self, entry: KeyEntry, cold: KeyCold) -> Option<Slot> {
+        let hash = entry.key.prehash();
+        let slot = self.slab.insert(entry)?;
+        self.cold.set(slot as usize, cold);
+        let slab = &self.slab;
+        self.index.insert_unique(hash, slot, |&s| {
+            slab.get(s).map_or(0, |entry| entry.key.prehash())
+        });
+        Some(slot)
+    }
+
+    #[inline]
+    pub(super) fn remove(&mut self, slot: Slot) {
+        let Some(entry) = self.slab.get(slot) else {
+            return;
+        };
+        if let Ok(found) = self.index.find_entry(entry.key.prehash(), |&s| s == slot) {
+            found.remove();
+        }
+        self.slab.remove(slot);
+        if self.slab.len == 0 {
+            // The slab started again from index 0.
+            self.cold.clear();
+            self.failed_flushed_at.clear();
+        } else if !self.failed_flushed_at.is_empty() {
+            self.failed_flushed_at.remove(&slot);
+        }
+    }
+
+    #[inline]
+    pub(super) fn get(&self, slot: Slot) -> Option<&KeyEntry> {
+        self.slab.get(slot)
+    }
+
+    #[inline]
+    pub(super) fn get_mut(&mut self, slot: Slot) -> Option<&mut KeyEntry> {
+        self.slab.get_mut(slot)
+    }
+
+    /// Both parts of the entry at `slot`.
+    #[inline]
+    pub(super) fn get_both(&mut self, slot: Slot) -> Option<(&mut KeyEntry, &mut KeyCold)> {
+        let entry = self.slab.get_mut(slot)?;
+        let cold = self.cold.get_mut(slot as usize)?;
+        Some((entry, cold))
+    }
+
+    /// The entry at `slot` if it still holds probe `generation` (generations
+    /// are never reused, so this also proves it is the same key).
+    #[inline]
+    pub(super) fn probe_mut(&mut self, (slot, generation): Probe) -> Option<&mut KeyEntry> {
+        self.slab
+            .get_mut(slot)
+            .filter(|entry| entry.generation == generation)
+    }
+
+    /// Both parts of the entry at `slot` if it still holds probe `generation`.
+    #[inline]
+    pub(super) fn probe_both(&mut self, probe: Probe) -> Option<(&mut KeyEntry, &mut KeyCold)> {
+        self.get_both(probe.0)
+            .filter(|(entry, _)| entry.generation == probe.1)
+    }
+
+    /// Moves the key at `slot` to phase `Failed`, to be probed again at
+    /// `retry_at` (ticks); its flush time moves aside if its first verdict
+    /// is still to be returned.
+    #[inline]
+    pub(super) fn set_failed(&mut self, slot: Slot, retry_at: u64) {
+        let (Some(state), Some(cold)) = (self.slab.get_mut(slot), self.cold.get_mut(slot as usize))
+        else {
+            return;
+        };
+        state.phase = Phase::Failed;
+        state.revalidating = false;
+        let flushed_at = std::mem::replace(&mut cold.time, retry_at);
+        if !state.reported {
+            self.failed_flushed_at.insert(slot, flushed_at);
+        }
+    }
+
+    /// Forgets every entry's request marks (after request serials were
+    /// renumbered): the next ask of each key checks membership again.
+    pub(super) fn forget_request_marks(&mut self) {
+        for entry in self.slab.iter_mut() {
+            entry.last_req = NO_REQUEST;
+        }
+        for cold in self.cold.iter_mut() {
+            cold.creator = NO_REQUEST;
+        }
+    }
+
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        self.slab.len
+    }
+
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.slab.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resolved_lookup_reads_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Option<KeyEntry>>(), 64);
+        assert_eq!(std::mem::align_of::<KeyEntry>(), 64);
+        assert_eq!(std::mem::size_of::<KeyCold>(), 16);
+    }
+}
