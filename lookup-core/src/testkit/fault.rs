@@ -1,17 +1,21 @@
-//! A tier that injects faults, for tests; see [`FaultTier`].
+//! A tier that injects faults, for tests; see [`FaultTier`]. `kvtier-mock`
+//! re-exports it (as `MockTier`) for examples and benchmarks.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
+use crate::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
+use serde::{Deserialize, Serialize};
 
-type KeySet = HashSet<OffloadKey, foldhash::fast::RandomState>;
+/// Each present key and its block (empty for keys made present by [`FaultTier::insert`]).
+type KeySet = HashMap<OffloadKey, Vec<u8>, foldhash::fast::RandomState>;
 
 /// Fault and latency injection of a [`FaultTier`]. Probabilities are per call,
 /// from 0.0 to 1.0, and are tried in the order hang, fail, panic, wrong length.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct FaultConfig {
     /// Seed of every random decision. Default 0.
     pub seed: u64,
@@ -91,7 +95,7 @@ pub enum FaultOutcome {
     Unfinished,
 }
 
-/// One `batch_lookup` call as the fault tier saw it.
+/// One `batch_lookup` call as the mock saw it.
 #[derive(Debug, Clone)]
 pub struct CallRecord {
     /// Call number, from 0, in the order calls started.
@@ -153,7 +157,7 @@ pub struct FaultTier {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic injected by the tier itself must not poison its bookkeeping.
+    // A panic injected by the mock itself must not poison its bookkeeping.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -211,16 +215,17 @@ impl FaultTier {
             .clone()
     }
 
-    /// Makes `keys` present.
+    /// Makes `keys` present, each with an empty block (a shortcut for tests
+    /// and benchmarks; [`BlockStore`] stores real blocks).
     pub fn insert(&self, keys: impl IntoIterator<Item = OffloadKey>) {
         self.keys
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .extend(keys);
+            .extend(keys.into_iter().map(|k| (k, Vec::new())));
     }
 
-    /// Makes `keys` absent.
-    pub fn remove<'a>(&self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
+    /// Makes `keys` absent (the synchronous twin of [`BlockStore::remove_many`]).
+    pub fn remove_keys<'a>(&self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
         let mut set = self.keys.write().unwrap_or_else(PoisonError::into_inner);
         for key in keys {
             set.remove(key);
@@ -232,7 +237,7 @@ impl FaultTier {
         self.keys
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(key)
+            .contains_key(key)
     }
 
     /// Number of present keys.
@@ -280,7 +285,7 @@ impl FaultTier {
 
     fn truth(&self, keys: &[OffloadKey]) -> Vec<bool> {
         let set = self.keys.read().unwrap_or_else(PoisonError::into_inner);
-        keys.iter().map(|k| set.contains(k)).collect()
+        keys.iter().map(|k| set.contains_key(k)).collect()
     }
 
     fn finish(&self, index: u64, record: bool, outcome: FaultOutcome) {
@@ -337,7 +342,7 @@ impl Tier for FaultTier {
                 self.finish(index, record, FaultOutcome::Failed);
                 return Err(TierError::new(
                     TierErrorKind::Unavailable,
-                    format!("fault tier: injected failure for request {}", ctx.req_id()),
+                    format!("mock: injected failure for request {}", ctx.req_id()),
                 ));
             }
             None => {}
@@ -359,12 +364,12 @@ impl Tier for FaultTier {
             self.finish(index, record, FaultOutcome::Failed);
             return Err(TierError::new(
                 TierErrorKind::Unavailable,
-                format!("fault tier: injected failure for {} keys", keys.len()),
+                format!("mock: injected failure for {} keys", keys.len()),
             ));
         }
         if rng.next_f64() < config.panic_probability {
             self.finish(index, record, FaultOutcome::Panicked);
-            panic!("fault tier: injected panic in call {index}");
+            panic!("mock: injected panic in call {index}");
         }
         let found = self.truth(keys);
         if !found.is_empty() && rng.next_f64() < config.wrong_length_probability {
@@ -375,5 +380,43 @@ impl Tier for FaultTier {
         }
         self.finish(index, record, FaultOutcome::Answered(found.clone()));
         Ok(found)
+    }
+}
+
+/// Stores, loads and removes in memory, at once: the injected latency and
+/// faults apply to lookups only.
+impl BlockStore for FaultTier {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        self.keys
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), block.to_vec());
+        Ok(())
+    }
+
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        Ok(self
+            .keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned())
+    }
+
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        self.remove_keys([key]);
+        Ok(())
+    }
+
+    async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.keys
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(blocks.iter().cloned());
+        Ok(())
+    }
+
+    fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
+        config.or_named("mock")
     }
 }
