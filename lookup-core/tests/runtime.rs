@@ -374,11 +374,7 @@ fn a_stack_shuts_down_asynchronously_with_every_tier_hung() {
     );
     stack.flush();
     wait_until(
-        || {
-            tiers
-                .iter()
-                .all(|t| t.started.load(Ordering::SeqCst) == 1)
-        },
+        || tiers.iter().all(|t| t.started.load(Ordering::SeqCst) == 1),
         "every call",
     );
     let reports = runtime.block_on(async {
@@ -422,7 +418,10 @@ fn lookups_resolve_as_counted_errors_after_the_callers_runtime_is_dropped() {
     assert_eq!(m.lookup(&key(2), &ctx), Ok(LookupVerdict::Miss));
     assert_eq!(m.stats().errors, 2);
     let report = m.shutdown();
-    assert!(report.worker_stopped, "the worker is known gone: {report:?}");
+    assert!(
+        report.worker_stopped,
+        "the worker is known gone: {report:?}"
+    );
     assert_eq!(report.abandoned_calls, 0);
 }
 
@@ -487,11 +486,14 @@ fn a_multi_thread_dedicated_spawner_serves_managers_and_stops_in_the_background(
     outer.block_on(async move { drop(m) });
 }
 
+/// The fields of one span, by name, as `Debug` shows them.
+type SpanFields = Vec<(String, String)>;
+
 /// Records the fields of every `tier_call` span.
-struct SpanRecorder(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+struct SpanRecorder(Arc<Mutex<Vec<SpanFields>>>);
 
 #[derive(Default)]
-struct Fields(Vec<(String, String)>);
+struct Fields(SpanFields);
 
 impl tracing::field::Visit for Fields {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
