@@ -156,7 +156,9 @@ enum Block {
 /// [`push`](Self::push).
 ///
 /// ```
-/// use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack, Tier, TierError};
+/// use std::sync::Arc;
+/// use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, Spawner, StackPolicy,
+///                   StackVerdict, TierStack, Tier, TierError};
 ///
 /// struct Holds(Vec<u8>);
 /// impl Tier for Holds {
@@ -181,11 +183,13 @@ enum Block {
 /// stack.cleanup("r");
 /// stack.shutdown();
 ///
-/// // The same two tiers on one runtime thread of their own:
-/// let mut shared = TierStack::with_spawner(StackPolicy::default(), kvtier_core::Spawner::dedicated("kvtier-stack", 1)?);
-/// shared.add(std::sync::Arc::new(Holds(vec![0, 1])), ManagerConfig::named("near"))?
-///       .add(std::sync::Arc::new(Holds(vec![0, 2, 3])), ManagerConfig::named("far"))?;
-/// assert_eq!(shared.len(), 2);
+/// // The same two tiers sharing one runtime thread (the stack above ran two):
+/// let spawner = Spawner::dedicated("kvtier-stack", 1)?;
+/// let mut shared = TierStack::with_spawner(StackPolicy::default(), spawner);
+/// shared
+///     .add(Arc::new(Holds(vec![0, 1])), ManagerConfig::named("near"))?
+///     .add(Arc::new(Holds(vec![0, 2, 3])), ManagerConfig::named("far"))?;
+/// assert_eq!(shared.tier_names(), ["near", "far"]);
 /// shared.shutdown();
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
