@@ -65,7 +65,8 @@ pub struct AsyncLookupManager<T: Tier> {
     shutdown: Option<ShutdownReport>,
 }
 
-/// What [`AsyncLookupManager::shutdown`] did.
+/// What [`AsyncLookupManager::shutdown`] or
+/// [`shutdown_async`](AsyncLookupManager::shutdown_async) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Whether the worker stopped within the shutdown timeout.
@@ -385,9 +386,9 @@ impl<T: Tier> AsyncLookupManager<T> {
     }
 
     /// [`shutdown`](Self::shutdown) that awaits instead of blocking, with the
-    /// same bound and report. Await it inside a tokio runtime with the time
-    /// driver enabled (the bound is a tokio timer), such as the one the
-    /// worker runs on.
+    /// same bound and report. The bound is a timer of the tokio runtime
+    /// polling the future (it needs the time driver, as any runtime built
+    /// with `enable_all`), or, polled outside tokio, of the worker's runtime.
     ///
     /// # Cancellation safety
     /// Dropped before it completes, it has told the worker to stop but not
@@ -398,7 +399,15 @@ impl<T: Tier> AsyncLookupManager<T> {
             return report;
         }
         let started = Instant::now();
-        let worker_stopped = self.worker.stop_async(self.shutdown_timeout).await;
+        let worker_stopped = match &self.spawner {
+            Some(spawner) => {
+                self.worker
+                    .stop_async(self.shutdown_timeout, spawner.handle())
+                    .await
+            }
+            // Only shutdown releases the spawner, and it returned above.
+            None => self.worker.stop(Duration::ZERO),
+        };
         self.finish_shutdown(started, worker_stopped)
     }
 

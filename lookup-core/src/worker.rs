@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use tokio::runtime::Handle;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tracing::Instrument;
@@ -30,8 +31,9 @@ use crate::ledger::{CallId, CallOutcome, TierCall};
 use crate::runtime::{Latch, SetOnDrop, Spawner};
 use crate::tier::Tier;
 
-/// A hook called on a thread of the worker's runtime whenever a result is
-/// published.
+/// A hook called whenever a result is published: on a thread of the
+/// worker's runtime or, for calls cut short by that runtime shutting down,
+/// on the thread shutting it down.
 pub type WakeHook = Arc<dyn Fn() + Send + Sync + 'static>;
 
 pub(crate) enum Command {
@@ -323,13 +325,23 @@ impl WorkerHandle {
     }
 
     /// [`stop`](Self::stop), awaiting instead of blocking. The bound is a
-    /// tokio timer of the runtime that polls this future.
-    pub(crate) async fn stop_async(&self, timeout: Duration) -> bool {
+    /// timer of the runtime polling this future or, when it is polled
+    /// outside tokio, of `fallback` (the worker's own runtime).
+    pub(crate) async fn stop_async(&self, timeout: Duration, fallback: &Handle) -> bool {
         self.ask_to_stop(timeout);
-        tokio::time::timeout(timeout, self.stopped.wait())
-            .await
-            .is_ok()
-            || self.stopped.is_set()
+        if self.stopped.is_set() {
+            return true;
+        }
+        let timer = Handle::try_current().unwrap_or_else(|_| fallback.clone());
+        let expired = {
+            let _context = timer.enter();
+            tokio::time::sleep(timeout)
+        };
+        tokio::select! {
+            biased;
+            () = self.stopped.wait() => true,
+            () = expired => self.stopped.is_set(),
+        }
     }
 
     /// Tells the worker to abort every call, without waiting.

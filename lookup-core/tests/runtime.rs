@@ -559,3 +559,43 @@ fn the_tier_call_span_carries_the_tier_the_request_and_the_key_count() {
     assert_eq!(field("req_id").as_deref(), Some("req-42"));
     assert_eq!(field("keys").as_deref(), Some("3"));
 }
+
+/// Polls `future` to completion on this thread, without tokio.
+fn block_on_without_tokio<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+#[test]
+fn shutdown_async_polled_outside_tokio_is_bounded_by_the_workers_runtime() {
+    assert!(tokio::runtime::Handle::try_current().is_err());
+    let tier = Arc::new(Hangs::default());
+    let mut m = AsyncLookupManager::from_arc(
+        Arc::clone(&tier),
+        ManagerConfig {
+            shutdown_timeout_ms: 200,
+            ..hanging_config("no-tokio")
+        },
+    )
+    .unwrap();
+    let ctx = ReqContext::new("r");
+    m.lookup(&key(1), &ctx).unwrap();
+    m.flush();
+    wait_until(|| tier.started.load(Ordering::SeqCst) == 1, "the call");
+    let report = block_on_without_tokio(m.shutdown_async());
+    assert!(report.worker_stopped, "{report:?}");
+    assert_eq!(report.abandoned_calls, 1);
+}
