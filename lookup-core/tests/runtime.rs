@@ -344,7 +344,11 @@ fn shutdown_async_is_bounded_when_a_tier_hangs() {
         "a cancellable hang is abandoned: {report:?}"
     );
     assert_eq!(report.abandoned_calls, 1);
-    assert_eq!(tier.cancelled.load(Ordering::SeqCst), 1, "the call aborted");
+    // Aborted tasks are dropped when their runtime next gets to them.
+    wait_until(
+        || tier.cancelled.load(Ordering::SeqCst) == 1,
+        "the hung call to be aborted",
+    );
     assert_eq!(m.stats().errors, 1);
     assert_eq!(runtime.block_on(m.shutdown_async()), report, "idempotent");
     assert_eq!(m.shutdown(), report);
@@ -598,4 +602,40 @@ fn shutdown_async_polled_outside_tokio_is_bounded_by_the_workers_runtime() {
     let report = block_on_without_tokio(m.shutdown_async());
     assert!(report.worker_stopped, "{report:?}");
     assert_eq!(report.abandoned_calls, 1);
+}
+
+#[test]
+fn managers_sharing_a_spawner_keep_their_own_call_slots() {
+    let spawner = Spawner::dedicated("kvtier-slots", 1).unwrap();
+    let hung = Arc::new(Hangs::default());
+    let mut busy = AsyncLookupManager::with_spawner(
+        Arc::clone(&hung),
+        ManagerConfig {
+            max_calls_in_flight: 1,
+            ..hanging_config("busy")
+        },
+        &spawner,
+    )
+    .unwrap();
+    let mut free =
+        AsyncLookupManager::with_spawner(Holds::new(&[7]), ManagerConfig::named("free"), &spawner)
+            .unwrap();
+    // `busy`'s one slot is held by a call that never answers; a second
+    // request's call waits for that slot.
+    busy.lookup(&key(1), &ReqContext::new("a")).unwrap();
+    busy.flush();
+    wait_until(|| hung.started.load(Ordering::SeqCst) == 1, "the hung call");
+    busy.lookup(&key(2), &ReqContext::new("b")).unwrap();
+    busy.flush();
+    // The other manager on the same runtime still answers.
+    let ctx = ReqContext::new("c");
+    free.lookup(&key(7), &ctx).unwrap();
+    free.flush();
+    assert_eq!(wait_verdict(&mut free, &key(7), &ctx), LookupVerdict::Hit);
+    assert_eq!(
+        hung.started.load(Ordering::SeqCst),
+        1,
+        "busy's second call still waits for busy's slot"
+    );
+    assert_eq!(busy.stats().in_flight_keys, 2);
 }
