@@ -224,7 +224,9 @@ impl TierStack {
     }
 
     /// An empty stack with `policy` whose [`add`](Self::add)ed tiers all run
-    /// on `spawner`.
+    /// on `spawner`. The stack keeps its clone until it drops (each manager
+    /// releases its own at shutdown), so a dedicated spawner's runtime stops
+    /// once the stack and every other clone are gone.
     pub fn with_spawner(policy: StackPolicy, spawner: Spawner) -> Self {
         Self {
             tiers: Vec::new(),
