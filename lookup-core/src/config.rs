@@ -20,7 +20,8 @@ use crate::error::ManagerError;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ManagerConfig {
-    /// Name used in logs, spans, stats and the worker thread's name. Default `"tier"`.
+    /// Name used in logs, spans, stats and, for a manager with a runtime of
+    /// its own, its threads' name (`kvtier-lookup-<tier_name>`). Default `"tier"`.
     pub tier_name: String,
     /// Longest key accepted, in bytes. Default 64 (vLLM's keys are 36).
     pub max_key_len: usize,
@@ -52,8 +53,11 @@ pub struct ManagerConfig {
     /// How long `shutdown` waits for running calls and the worker, in
     /// milliseconds. Default 1000.
     pub shutdown_timeout_ms: u64,
-    /// Threads of the worker's tokio runtime: 1 runs a current-thread
-    /// runtime on the worker thread, more a multi-thread runtime. Default 1.
+    /// Threads of the worker's tokio runtime, for a manager that starts its
+    /// own ([`AsyncLookupManager::new`](crate::AsyncLookupManager::new) and
+    /// friends): 1 runs a current-thread runtime on one worker thread, more
+    /// a multi-thread runtime (see [`Spawner::dedicated`](crate::Spawner::dedicated)).
+    /// Ignored for a manager given a spawner. Default 1.
     pub worker_threads: usize,
 }
 

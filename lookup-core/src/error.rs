@@ -149,11 +149,20 @@ pub enum ManagerError {
     /// The worker thread or its runtime could not be started.
     #[error("could not start the lookup worker for tier '{tier}': {source}")]
     Spawn {
-        /// The tier's name.
+        /// The tier's name (the spawner's, from
+        /// [`Spawner::dedicated`](crate::Spawner::dedicated)).
         tier: String,
         /// The operating system's error.
         #[source]
         source: std::io::Error,
+    },
+    /// [`Spawner::current`](crate::Spawner::current) was called outside a
+    /// tokio runtime.
+    #[error("no tokio runtime to run the lookup worker on: {source}")]
+    NoRuntime {
+        /// Tokio's error.
+        #[source]
+        source: tokio::runtime::TryCurrentError,
     },
 }
 

@@ -27,6 +27,25 @@
 //! own tier instance (its own key prefix or directory) and its own manager.
 //! See [`ReqContext`].
 //!
+//! # Runtimes
+//!
+//! Tier calls run on a tokio runtime chosen with a [`Spawner`]:
+//!
+//! - [`AsyncLookupManager::new`] starts a runtime of its own, on one thread
+//!   (`worker_threads` in [`ManagerConfig`]), as the simplest choice for a
+//!   synchronous scheduler.
+//! - [`Spawner::dedicated`] starts one runtime that many managers share:
+//!   [`TierStack::with_spawner`] and [`TierStack::add`] run a whole stack on
+//!   one thread. It stops in the background when its last user drops.
+//! - [`Spawner::from_handle`] runs the workers on the caller's runtime,
+//!   starting no thread. A current-thread runtime runs them only while it is
+//!   driven (see [`Spawner`]); a runtime that shuts down under a manager
+//!   turns its calls into counted errors, never keys pending forever.
+//!
+//! [`AsyncLookupManager::shutdown`] blocks (bounded) for a synchronous
+//! scheduler; [`AsyncLookupManager::shutdown_async`] awaits instead.
+//! Dropping a manager never blocks: its running calls are aborted.
+//!
 //! # Example
 //!
 //! ```
@@ -77,6 +96,7 @@ mod error;
 mod key;
 pub mod ledger;
 mod manager;
+mod runtime;
 mod stack;
 mod stats;
 mod store;
@@ -91,6 +111,7 @@ pub use config::ManagerConfig;
 pub use error::{LookupError, ManagerError, TierError, TierErrorKind, one_line};
 pub use key::{BuildPrehashed, INLINE_KEY_CAPACITY, OffloadKey, PrehashedHasher, ReqContext};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
+pub use runtime::Spawner;
 pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
 pub use store::{BlockStore, DynBlockStore};

@@ -10,6 +10,7 @@ use crate::config::ManagerConfig;
 use crate::error::{LookupError, ManagerError, TierError, TierErrorKind};
 use crate::key::{OffloadKey, ReqContext};
 use crate::ledger::{CallOutcome, LazyNow, Ledger, LookupVerdict, PrefixVerdict};
+use crate::runtime::Spawner;
 use crate::stats::ManagerStats;
 use crate::tier::Tier;
 use crate::worker::{self, Finished, WakeHook, WorkerHandle};
@@ -19,8 +20,11 @@ use crate::worker::{self, Finished, WakeHook, WorkerHandle};
 ///
 /// Owned by the scheduler (every method takes `&mut self`, so the reference
 /// design's "ownership instead of locks" is checked by the compiler). Tier
-/// calls run on a background worker thread; their results are applied here,
-/// on the scheduler thread, whenever any are waiting.
+/// calls run on a background worker, a task on the manager's [`Spawner`]:
+/// a runtime of its own ([`new`](Self::new)) or one shared with other
+/// managers or owned by the caller ([`with_spawner`](Self::with_spawner)).
+/// Their results are applied here, on the scheduler thread, whenever any
+/// are waiting.
 ///
 /// A step looks like this:
 ///
@@ -36,15 +40,24 @@ use crate::worker::{self, Finished, WakeHook, WorkerHandle};
 ///
 /// # Shutdown
 ///
-/// [`shutdown`](Self::shutdown) is idempotent and returns within
-/// `shutdown_timeout_ms` even if a tier call hangs; dropping the manager
-/// calls it. After shutdown, `lookup` and `lookup_prefix` return
+/// [`shutdown`](Self::shutdown) (blocking, for a synchronous scheduler) and
+/// [`shutdown_async`](Self::shutdown_async) (awaiting, for one on a
+/// runtime) are idempotent and return within `shutdown_timeout_ms` even if a
+/// tier call hangs. After shutdown, `lookup` and `lookup_prefix` return
 /// [`LookupError::ShutDown`], `flush` does nothing, `cleanup` and
 /// `mark_miss` still update state, and `stats` still answers.
+///
+/// Dropping the manager never blocks, inside a runtime or not: it tells the
+/// worker to abort its running calls and returns without waiting (a call
+/// that ignores cancellation ends on its own). Shut down first to give
+/// running calls their grace period.
 pub struct AsyncLookupManager<T: Tier> {
     ledger: Ledger,
     tier: Arc<T>,
     worker: WorkerHandle,
+    /// Keeps the worker's runtime alive (a dedicated one stops when its last
+    /// clone drops); released at shutdown.
+    spawner: Option<Spawner>,
     results: crossbeam_channel::Receiver<Finished>,
     ready: Arc<std::sync::atomic::AtomicBool>,
     notify: Arc<Notify>,
@@ -52,7 +65,8 @@ pub struct AsyncLookupManager<T: Tier> {
     shutdown: Option<ShutdownReport>,
 }
 
-/// What [`AsyncLookupManager::shutdown`] did.
+/// What [`AsyncLookupManager::shutdown`] or
+/// [`shutdown_async`](AsyncLookupManager::shutdown_async) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Whether the worker stopped within the shutdown timeout.
@@ -81,13 +95,17 @@ impl ResultsNotifier {
 }
 
 impl<T: Tier> AsyncLookupManager<T> {
-    /// Starts a manager for `tier`, with its worker thread.
+    /// Starts a manager for `tier`, with a runtime of its own: a
+    /// [`Spawner::dedicated`] named `kvtier-lookup-<tier_name>` with
+    /// `worker_threads` threads, stopped when the manager shuts down or
+    /// drops. To share one runtime between managers, or use the caller's,
+    /// see [`with_spawner`](Self::with_spawner).
     ///
     /// # Errors
     /// [`ManagerError::InvalidConfig`] for a field out of range;
     /// [`ManagerError::Spawn`] if the worker cannot start.
     pub fn new(tier: T, config: ManagerConfig) -> Result<Self, ManagerError> {
-        Self::build(Arc::new(tier), config, None)
+        Self::build(Arc::new(tier), config, None, None)
     }
 
     /// Like [`new`](Self::new), for a tier the caller keeps a handle on.
@@ -95,12 +113,12 @@ impl<T: Tier> AsyncLookupManager<T> {
     /// # Errors
     /// As for [`new`](Self::new).
     pub fn from_arc(tier: Arc<T>, config: ManagerConfig) -> Result<Self, ManagerError> {
-        Self::build(tier, config, None)
+        Self::build(tier, config, None, None)
     }
 
-    /// Like [`from_arc`](Self::from_arc), calling `hook` on the worker
-    /// thread each time a result is published (keep it short: set a flag,
-    /// wake an event loop).
+    /// Like [`from_arc`](Self::from_arc), calling `hook` on a thread of the
+    /// worker's runtime each time a result is published (keep it short: set
+    /// a flag, wake an event loop).
     ///
     /// # Errors
     /// As for [`new`](Self::new).
@@ -109,16 +127,66 @@ impl<T: Tier> AsyncLookupManager<T> {
         config: ManagerConfig,
         hook: impl Fn() + Send + Sync + 'static,
     ) -> Result<Self, ManagerError> {
-        Self::build(tier, config, Some(Arc::new(hook) as WakeHook))
+        Self::build(tier, config, None, Some(Arc::new(hook) as WakeHook))
+    }
+
+    /// Starts a manager whose worker runs on `spawner`: the caller's runtime
+    /// ([`Spawner::from_handle`]) or a dedicated one shared by several
+    /// managers. No thread is started; `worker_threads` is ignored. The
+    /// manager keeps a clone of the spawner until it shuts down.
+    ///
+    /// Per-manager limits stay per manager: `max_calls_in_flight`,
+    /// deadlines, and results published to this manager only.
+    ///
+    /// # Errors
+    /// [`ManagerError::InvalidConfig`] for a field out of range.
+    pub fn with_spawner(
+        tier: Arc<T>,
+        config: ManagerConfig,
+        spawner: &Spawner,
+    ) -> Result<Self, ManagerError> {
+        Self::build(tier, config, Some(spawner), None)
+    }
+
+    /// [`with_spawner`](Self::with_spawner) with a wake hook, as in
+    /// [`with_wake_hook`](Self::with_wake_hook).
+    ///
+    /// # Errors
+    /// As for [`with_spawner`](Self::with_spawner).
+    pub fn with_spawner_and_wake_hook(
+        tier: Arc<T>,
+        config: ManagerConfig,
+        spawner: &Spawner,
+        hook: impl Fn() + Send + Sync + 'static,
+    ) -> Result<Self, ManagerError> {
+        Self::build(
+            tier,
+            config,
+            Some(spawner),
+            Some(Arc::new(hook) as WakeHook),
+        )
     }
 
     fn build(
         tier: Arc<T>,
         config: ManagerConfig,
+        spawner: Option<&Spawner>,
         hook: Option<WakeHook>,
     ) -> Result<Self, ManagerError> {
         config.validate()?;
-        let links = worker::spawn(Arc::clone(&tier), &config, hook)?;
+        let spawner = match spawner {
+            Some(spawner) => spawner.clone(),
+            // The name was validated (no NUL), as was `worker_threads`.
+            None => Spawner::start(
+                format!("kvtier-lookup-{}", config.tier_name),
+                config.worker_threads,
+            )
+            .map_err(|source| ManagerError::Spawn {
+                tier: config.tier_name.clone(),
+                source,
+            })?,
+        };
+        let links = worker::spawn(Arc::clone(&tier), &config, hook, &spawner);
         // The worker runs `max_calls_in_flight` calls at once and holds as
         // many more ready to start: a call ending is followed at once by the
         // next, instead of by the scheduler's next drain.
@@ -130,6 +198,7 @@ impl<T: Tier> AsyncLookupManager<T> {
             ledger,
             tier,
             worker: links.handle,
+            spawner: Some(spawner),
             results: links.results,
             ready: links.ready,
             notify: links.notify,
@@ -141,6 +210,11 @@ impl<T: Tier> AsyncLookupManager<T> {
     /// The tier, for stores and loads that bypass the lookup path.
     pub fn tier(&self) -> &Arc<T> {
         &self.tier
+    }
+
+    /// The spawner the worker runs on; `None` after shutdown.
+    pub fn spawner(&self) -> Option<&Spawner> {
+        self.spawner.as_ref()
     }
 
     /// The tier's name from the configuration.
@@ -293,15 +367,53 @@ impl<T: Tier> AsyncLookupManager<T> {
 
     /// Stops the worker: running calls get half the shutdown timeout to
     /// answer, then are abandoned (their keys resolve as errors); results
-    /// that arrived are applied. Returns within `shutdown_timeout_ms` plus
-    /// scheduling noise, whatever the tier does. Idempotent: later calls
-    /// return the first report.
+    /// that arrived are applied. Blocks this thread, and returns within
+    /// `shutdown_timeout_ms` plus scheduling noise, whatever the tier does.
+    /// Idempotent: later calls return the first report.
+    ///
+    /// For a synchronous scheduler. On an async runtime use
+    /// [`shutdown_async`](Self::shutdown_async): blocking a thread of the
+    /// runtime the worker runs on (always so on a current-thread runtime)
+    /// keeps the worker from stopping, and this waits the whole timeout,
+    /// reporting `worker_stopped: false`.
     pub fn shutdown(&mut self) -> ShutdownReport {
         if let Some(report) = self.shutdown {
             return report;
         }
         let started = Instant::now();
         let worker_stopped = self.worker.stop(self.shutdown_timeout);
+        self.finish_shutdown(started, worker_stopped)
+    }
+
+    /// [`shutdown`](Self::shutdown) that awaits instead of blocking, with the
+    /// same bound and report. The bound is a timer of the tokio runtime
+    /// polling the future (it needs the time driver, as any runtime built
+    /// with `enable_all`), or, polled outside tokio, of the worker's runtime.
+    ///
+    /// # Cancellation safety
+    /// Dropped before it completes, it has told the worker to stop but not
+    /// marked the manager shut down; calling it (or `shutdown`) again
+    /// finishes the job.
+    pub async fn shutdown_async(&mut self) -> ShutdownReport {
+        if let Some(report) = self.shutdown {
+            return report;
+        }
+        let started = Instant::now();
+        let worker_stopped = match &self.spawner {
+            Some(spawner) => {
+                self.worker
+                    .stop_async(self.shutdown_timeout, spawner.handle())
+                    .await
+            }
+            // Only shutdown releases the spawner, and it returned above.
+            None => self.worker.stop(Duration::ZERO),
+        };
+        self.finish_shutdown(started, worker_stopped)
+    }
+
+    fn finish_shutdown(&mut self, started: Instant, worker_stopped: bool) -> ShutdownReport {
+        // A dedicated runtime stops in the background once no manager holds it.
+        self.spawner = None;
         let now = Instant::now();
         self.apply_results(now);
         let abandoned_calls = self.ledger.running_calls();
@@ -329,8 +441,12 @@ impl<T: Tier> AsyncLookupManager<T> {
 }
 
 impl<T: Tier> Drop for AsyncLookupManager<T> {
+    /// Never blocks: tells the worker to abort its calls and returns. A
+    /// dedicated runtime stops in the background once its last user is gone.
     fn drop(&mut self) {
-        self.shutdown();
+        if self.shutdown.is_none() {
+            self.worker.abort();
+        }
     }
 }
 

@@ -1,11 +1,17 @@
 //! [`TierStack`]: one prefix question over several tiers in priority order.
 
-use crate::error::LookupError;
+use std::sync::Arc;
+use std::task::Poll;
+
+use crate::config::ManagerConfig;
+use crate::error::{LookupError, ManagerError};
 use crate::key::{OffloadKey, ReqContext};
 use crate::ledger::{LookupVerdict, PrefixVerdict};
 use crate::manager::{AsyncLookupManager, ShutdownReport};
+use crate::runtime::Spawner;
 use crate::stats::ManagerStats;
-use crate::tier::Tier;
+use crate::store::BlockStore;
+use crate::tier::{BoxFuture, Tier};
 
 /// The object-safe twin of [`AsyncLookupManager`], so that managers of
 /// different tier types can share one collection. Every
@@ -42,6 +48,13 @@ pub trait DynLookupManager: Send {
     fn is_idle(&self) -> bool;
     /// [`AsyncLookupManager::shutdown`].
     fn shutdown(&mut self) -> ShutdownReport;
+    /// [`AsyncLookupManager::shutdown_async`]. The default runs the blocking
+    /// [`shutdown`](Self::shutdown) when called; implementations that can
+    /// await should override it.
+    fn shutdown_async(&mut self) -> BoxFuture<'_, ShutdownReport> {
+        let report = self.shutdown();
+        Box::pin(std::future::ready(report))
+    }
 }
 
 impl<T: Tier> DynLookupManager for AsyncLookupManager<T> {
@@ -78,6 +91,9 @@ impl<T: Tier> DynLookupManager for AsyncLookupManager<T> {
     }
     fn shutdown(&mut self) -> ShutdownReport {
         AsyncLookupManager::shutdown(self)
+    }
+    fn shutdown_async(&mut self) -> BoxFuture<'_, ShutdownReport> {
+        Box::pin(AsyncLookupManager::shutdown_async(self))
     }
 }
 
@@ -133,8 +149,17 @@ enum Block {
 /// `flush`, `cleanup`, `shutdown` and `stats` fan out to every tier;
 /// `mark_miss` names its tier.
 ///
+/// Built with [`with_spawner`](Self::with_spawner), the stack starts the
+/// managers it [`add`](Self::add)s on one [`Spawner`]: one worker runtime
+/// (one OS thread for `Spawner::dedicated(name, 1)`) serves every tier,
+/// while each tier keeps its own limits and deadlines. Managers built
+/// elsewhere can still be added with [`with`](Self::with) and
+/// [`push`](Self::push).
+///
 /// ```
-/// use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, StackVerdict, TierStack, Tier, TierError};
+/// use std::sync::Arc;
+/// use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, Spawner, StackPolicy,
+///                   StackVerdict, TierStack, Tier, TierError};
 ///
 /// struct Holds(Vec<u8>);
 /// impl Tier for Holds {
@@ -158,12 +183,22 @@ enum Block {
 /// assert_eq!(verdict, StackVerdict::Ready { locations: vec![0, 0, 1, 1] });
 /// stack.cleanup("r");
 /// stack.shutdown();
+///
+/// // The same two tiers sharing one runtime thread (the stack above ran two):
+/// let spawner = Spawner::dedicated("kvtier-stack", 1)?;
+/// let mut shared = TierStack::with_spawner(StackPolicy::default(), spawner);
+/// shared
+///     .add(Arc::new(Holds(vec![0, 1])), ManagerConfig::named("near"))?
+///     .add(Arc::new(Holds(vec![0, 2, 3])), ManagerConfig::named("far"))?;
+/// assert_eq!(shared.tier_names(), ["near", "far"]);
+/// shared.shutdown();
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Default)]
 pub struct TierStack {
     tiers: Vec<Box<dyn DynLookupManager>>,
     policy: StackPolicy,
+    spawner: Option<Spawner>,
 }
 
 impl std::fmt::Debug for TierStack {
@@ -174,6 +209,7 @@ impl std::fmt::Debug for TierStack {
                 &self.tiers.iter().map(|t| t.tier_name()).collect::<Vec<_>>(),
             )
             .field("policy", &self.policy)
+            .field("spawner", &self.spawner)
             .finish()
     }
 }
@@ -184,7 +220,60 @@ impl TierStack {
         Self {
             tiers: Vec::new(),
             policy,
+            spawner: None,
         }
+    }
+
+    /// An empty stack with `policy` whose [`add`](Self::add)ed tiers all run
+    /// on `spawner`. The stack keeps its clone until it drops (each manager
+    /// releases its own at shutdown), so a dedicated spawner's runtime stops
+    /// once the stack and every other clone are gone.
+    pub fn with_spawner(policy: StackPolicy, spawner: Spawner) -> Self {
+        Self {
+            tiers: Vec::new(),
+            policy,
+            spawner: Some(spawner),
+        }
+    }
+
+    /// The spawner [`add`](Self::add) starts managers on, if the stack has one.
+    pub fn spawner(&self) -> Option<&Spawner> {
+        self.spawner.as_ref()
+    }
+
+    /// Starts a manager for `tier` and adds it after the tiers already
+    /// there: on the stack's spawner
+    /// ([`AsyncLookupManager::with_spawner`]), or, for a stack without one,
+    /// on a runtime of its own ([`AsyncLookupManager::from_arc`]).
+    ///
+    /// # Errors
+    /// As [`AsyncLookupManager::with_spawner`] and
+    /// [`AsyncLookupManager::from_arc`]; the stack is unchanged.
+    pub fn add<T: Tier>(
+        &mut self,
+        tier: Arc<T>,
+        config: ManagerConfig,
+    ) -> Result<&mut Self, ManagerError> {
+        let manager = match &self.spawner {
+            Some(spawner) => AsyncLookupManager::with_spawner(tier, config, spawner)?,
+            None => AsyncLookupManager::from_arc(tier, config)?,
+        };
+        self.push(Box::new(manager));
+        Ok(self)
+    }
+
+    /// [`add`](Self::add) for a [`BlockStore`], with the defaults of its
+    /// [`manager_config`](BlockStore::manager_config) (its name, its key
+    /// length): `stack.add_store(&disk, ManagerConfig::default())`.
+    ///
+    /// # Errors
+    /// As [`add`](Self::add).
+    pub fn add_store<S: BlockStore>(
+        &mut self,
+        store: &Arc<S>,
+        config: ManagerConfig,
+    ) -> Result<&mut Self, ManagerError> {
+        self.add(Arc::clone(store), store.manager_config(config))
     }
 
     /// Adds a tier after the ones already there (lower priority).
@@ -314,8 +403,41 @@ impl TierStack {
         self.tiers.iter().all(|t| t.is_idle())
     }
 
-    /// Shuts every tier down; each is bounded by its own shutdown timeout.
+    /// Shuts every tier down, one after the other, blocking this thread;
+    /// each is bounded by its own shutdown timeout. For a synchronous
+    /// scheduler; on a runtime use [`shutdown_async`](Self::shutdown_async).
     pub fn shutdown(&mut self) -> Vec<ShutdownReport> {
         self.tiers.iter_mut().map(|t| t.shutdown()).collect()
     }
+
+    /// Shuts every tier down at once, awaiting instead of blocking: bounded
+    /// by the longest tier's shutdown timeout. Reports are in tier order.
+    /// See [`AsyncLookupManager::shutdown_async`].
+    pub async fn shutdown_async(&mut self) -> Vec<ShutdownReport> {
+        let futures: Vec<_> = self.tiers.iter_mut().map(|t| t.shutdown_async()).collect();
+        join_all(futures).await
+    }
+}
+
+/// Polls every future until all are ready; their outputs in order.
+async fn join_all<R>(mut futures: Vec<BoxFuture<'_, R>>) -> Vec<R> {
+    let mut outputs: Vec<Option<R>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all_ready = true;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => all_ready = false,
+                }
+            }
+        }
+        if all_ready {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }

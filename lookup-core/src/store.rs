@@ -7,6 +7,7 @@ use crate::config::ManagerConfig;
 use crate::error::{ManagerError, TierError};
 use crate::key::OffloadKey;
 use crate::manager::AsyncLookupManager;
+use crate::runtime::Spawner;
 use crate::tier::{BoxFuture, Tier};
 
 /// A tier that can also store, load and remove blocks: the write side of a
@@ -148,6 +149,22 @@ pub trait BlockStore: Tier {
         Self: Sized,
     {
         AsyncLookupManager::from_arc(Arc::clone(self), self.manager_config(config))
+    }
+
+    /// Like [`manager`](Self::manager), on `spawner`'s runtime (the
+    /// caller's, or one shared by several managers); see [`Spawner`].
+    ///
+    /// # Errors
+    /// As [`AsyncLookupManager::with_spawner`].
+    fn manager_on(
+        self: &Arc<Self>,
+        config: ManagerConfig,
+        spawner: &Spawner,
+    ) -> Result<AsyncLookupManager<Self>, ManagerError>
+    where
+        Self: Sized,
+    {
+        AsyncLookupManager::with_spawner(Arc::clone(self), self.manager_config(config), spawner)
     }
 }
 

@@ -22,10 +22,18 @@ use crate::key::{OffloadKey, ReqContext};
 ///   them again later.
 /// - `keys` may be empty (answer `Ok(vec![])`) and may contain duplicates
 ///   (answer each position).
-/// - The future runs on the manager's worker runtime and must not block its
-///   thread: wrap a synchronous tier in [`Blocking`]. It may be dropped at
-///   any await point when the call's deadline expires or the manager shuts
-///   down (cancellation safety: dropping it must leave the tier usable).
+/// - The future runs on the manager's worker runtime (its
+///   [`Spawner`](crate::Spawner)) and must not block its thread: wrap a
+///   synchronous tier in [`Blocking`]. It may be dropped at any await point
+///   when the call's deadline expires or the manager shuts down or drops
+///   (cancellation safety: dropping it must leave the tier usable).
+/// - It must not depend on I/O objects (connections, sockets, timers) bound
+///   to another runtime that may stop first: a connection made on a
+///   short-lived runtime (say, by a `store` in a test) loses its driver when
+///   that runtime drops, and calls through it then hang until their
+///   deadline or fail. The core cannot repair that; a tier makes its lookup
+///   connections on the runtime its calls run on, or reconnects when a
+///   connection's driver is gone (the Redis and S3 tier crates do this).
 /// - It must not touch scheduler-owned state; it may be called concurrently
 ///   for different requests.
 ///

@@ -1,34 +1,49 @@
-//! The background worker: an actor on its own thread that runs tier calls.
+//! The background worker: an actor task that runs one manager's tier calls.
 //!
-//! It owns a tokio runtime, receives [`TierCall`]s over a channel, runs each
-//! as its own task under the call's deadline, and publishes each outcome as
-//! soon as it is known (per request group, not per step). At most
-//! `max_calls_in_flight` calls run at once: a call handed over while all
-//! slots are taken waits for one (within its deadline), and starts the
-//! moment a slot frees, without a round trip through the scheduler. It stops
-//! when told to or when its inbox closes, and never waits for a hung call
-//! longer than its grace period: the runtime is torn down in the background.
+//! It runs on the manager's [`Spawner`] (a runtime of its own or the
+//! caller's; many managers may share one), receives [`TierCall`]s over a
+//! channel, runs each as its own task under the call's deadline, and
+//! publishes each outcome as soon as it is known (per request group, not per
+//! step). At most `max_calls_in_flight` calls run at once: a call handed
+//! over while all slots are taken waits for one (within its deadline), and
+//! starts the moment a slot frees, without a round trip through the
+//! scheduler. It stops when told to (draining for a grace period first),
+//! aborts its calls when its inbox closes (the manager dropped), and signals
+//! a [`Latch`] when it ends, however it ends. A call dropped by its runtime
+//! shutting down still publishes an outcome (a counted error), so no key
+//! waits for its deadline.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use tokio::runtime::Handle;
 use tokio::sync::{Notify, Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tracing::Instrument;
 
 use crate::config::ManagerConfig;
-use crate::error::{ManagerError, TierError, TierErrorKind};
+use crate::error::{TierError, TierErrorKind};
 use crate::ledger::{CallId, CallOutcome, TierCall};
+use crate::runtime::{Latch, SetOnDrop, Spawner};
 use crate::tier::Tier;
 
-/// A hook called on the worker thread whenever a result is published.
+/// A hook called whenever a result is published: on a thread of the
+/// worker's runtime or, for calls cut short by that runtime shutting down,
+/// on the thread shutting it down.
 pub type WakeHook = Arc<dyn Fn() + Send + Sync + 'static>;
 
 pub(crate) enum Command {
     Call(TierCall),
-    Shutdown { grace: Duration },
+    /// Stop taking calls, give running ones `grace` to answer, abort the rest.
+    Shutdown {
+        grace: Duration,
+    },
+    /// Abort every running call now (the manager is being dropped).
+    Abort,
 }
 
 /// One finished tier call, on its way back to the scheduler thread.
@@ -63,11 +78,69 @@ impl Publisher {
     }
 }
 
+/// The promise of one outcome per call: publishes it once, or, if dropped
+/// unsent while the worker was not stopping on purpose (the runtime shut
+/// down under it), publishes a counted error instead.
+struct Reply {
+    publisher: Publisher,
+    id: CallId,
+    arrived: Instant,
+    stopping: Arc<AtomicBool>,
+    sent: bool,
+}
+
+impl Reply {
+    fn send(mut self, outcome: CallOutcome, elapsed: Duration) {
+        self.sent = true;
+        self.publisher.publish(Finished {
+            id: self.id,
+            outcome,
+            elapsed,
+        });
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        // On shutdown or drop of the manager, running calls are aborted on
+        // purpose: the manager counts them itself.
+        if self.sent || self.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        self.publisher.publish(Finished {
+            id: self.id,
+            outcome: CallOutcome::Failed(TierError::new(
+                TierErrorKind::Unavailable,
+                "the lookup worker's task ended before the call answered \
+                 (its runtime shut down, or has no time driver)",
+            )),
+            elapsed: self.arrived.elapsed(),
+        });
+    }
+}
+
+/// A task handle that aborts its task when dropped: a tier call never
+/// outlives the worker task that awaits it, even on a runtime that lives on.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The scheduler side's handle on the worker.
 pub(crate) struct WorkerHandle {
     inbox: mpsc::UnboundedSender<Command>,
-    done: crossbeam_channel::Receiver<()>,
-    thread: Option<JoinHandle<()>>,
+    stopped: Arc<Latch>,
 }
 
 /// Channels the manager keeps.
@@ -78,31 +151,15 @@ pub(crate) struct WorkerLinks {
     pub(crate) notify: Arc<Notify>,
 }
 
+/// Starts `tier`'s worker task on `spawner`.
 pub(crate) fn spawn<T: Tier>(
     tier: Arc<T>,
     cfg: &ManagerConfig,
     hook: Option<WakeHook>,
-) -> Result<WorkerLinks, ManagerError> {
-    let spawn_err = |source| ManagerError::Spawn {
-        tier: cfg.tier_name.clone(),
-        source,
-    };
-    let runtime = if cfg.worker_threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.worker_threads)
-            .thread_name(format!("kvtier-{}-rt", cfg.tier_name))
-            .enable_all()
-            .build()
-    }
-    .map_err(spawn_err)?;
-
+    spawner: &Spawner,
+) -> WorkerLinks {
     let (inbox, rx) = mpsc::unbounded_channel();
     let (out, results) = crossbeam_channel::unbounded();
-    let (done_tx, done) = crossbeam_channel::bounded(1);
     let ready = Arc::new(AtomicBool::new(false));
     let notify = Arc::new(Notify::new());
     let publisher = Publisher {
@@ -113,26 +170,20 @@ pub(crate) fn spawn<T: Tier>(
     };
     let tier_name: Arc<str> = Arc::from(cfg.tier_name.as_str());
     let slots = Arc::new(Semaphore::new(cfg.max_calls_in_flight.max(1)));
-    let thread = std::thread::Builder::new()
-        .name(format!("kvtier-lookup-{}", cfg.tier_name))
-        .spawn(move || {
-            runtime.block_on(run(tier, rx, publisher, tier_name, slots));
-            // Never wait here for a call that ignores cancellation (a
-            // blocking task, a hung syscall): drop the runtime in the background.
-            runtime.shutdown_background();
-            let _ = done_tx.send(());
-        })
-        .map_err(spawn_err)?;
-    Ok(WorkerLinks {
-        handle: WorkerHandle {
-            inbox,
-            done,
-            thread: Some(thread),
-        },
+    let stopped = Arc::new(Latch::default());
+    // Moved into the task: set when the task ends, or when the runtime drops
+    // it, polled or not.
+    let on_exit = SetOnDrop(Arc::clone(&stopped));
+    spawner.spawn(async move {
+        let _on_exit = on_exit;
+        run(tier, rx, publisher, tier_name, slots).await;
+    });
+    WorkerLinks {
+        handle: WorkerHandle { inbox, stopped },
         results,
         ready,
         notify,
-    })
+    }
 }
 
 async fn run<T: Tier>(
@@ -142,17 +193,25 @@ async fn run<T: Tier>(
     tier_name: Arc<str>,
     slots: Arc<Semaphore>,
 ) {
+    let stopping = Arc::new(AtomicBool::new(false));
     let mut calls = JoinSet::new();
     loop {
         tokio::select! {
             command = inbox.recv() => match command {
                 Some(Command::Call(call)) => {
+                    let reply = Reply {
+                        publisher: publisher.clone(),
+                        id: call.id,
+                        arrived: Instant::now(),
+                        stopping: Arc::clone(&stopping),
+                        sent: false,
+                    };
                     calls.spawn(run_call(
                         Arc::clone(&tier),
                         call,
-                        publisher.clone(),
                         Arc::clone(&tier_name),
                         Arc::clone(&slots),
+                        reply,
                     ));
                 }
                 Some(Command::Shutdown { grace }) => {
@@ -167,10 +226,12 @@ async fn run<T: Tier>(
                             "shutdown grace expired with tier calls still running; abandoning them"
                         );
                     }
+                    stopping.store(true, Ordering::Release);
                     calls.abort_all();
                     return;
                 }
-                None => {
+                Some(Command::Abort) | None => {
+                    stopping.store(true, Ordering::Release);
                     calls.abort_all();
                     return;
                 }
@@ -183,22 +244,20 @@ async fn run<T: Tier>(
 async fn run_call<T: Tier>(
     tier: Arc<T>,
     call: TierCall,
-    publisher: Publisher,
     tier_name: Arc<str>,
     slots: Arc<Semaphore>,
+    reply: Reply,
 ) {
     // A free call slot first, within the call's deadline; the slot is held
     // until the outcome is published.
-    let arrived = Instant::now();
+    let arrived = reply.arrived;
     let _slot = match tokio::time::timeout_at(call.deadline.into(), slots.acquire_owned()).await {
         Ok(Ok(permit)) => permit,
-        Ok(Err(_)) => return, // the semaphore is never closed
+        // The semaphore is never closed; if it were, the reply's drop
+        // publishes an error.
+        Ok(Err(_)) => return,
         Err(_) => {
-            publisher.publish(Finished {
-                id: call.id,
-                outcome: CallOutcome::TimedOut,
-                elapsed: arrived.elapsed(),
-            });
+            reply.send(CallOutcome::TimedOut, arrived.elapsed());
             return;
         }
     };
@@ -206,6 +265,7 @@ async fn run_call<T: Tier>(
     let span = tracing::debug_span!(
         "tier_call",
         tier = %tier_name,
+        req_id = %call.ctx.req_id(),
         call = call.id.0,
         keys = call.keys.len(),
         outcome = tracing::field::Empty,
@@ -214,10 +274,11 @@ async fn run_call<T: Tier>(
     let keys = Arc::clone(&call.keys);
     let ctx = call.ctx.clone();
     // A task of its own, so a panic in the tier is caught as a JoinError and
-    // a timeout can abort it.
-    let mut task =
-        tokio::spawn(async move { tier.batch_lookup(&keys, &ctx).await }.instrument(span.clone()));
-    let outcome = match tokio::time::timeout_at(call.deadline.into(), &mut task).await {
+    // a timeout (or this task's abort) cancels it.
+    let task = AbortOnDrop(tokio::spawn(
+        async move { tier.batch_lookup(&keys, &ctx).await }.instrument(span.clone()),
+    ));
+    let outcome = match tokio::time::timeout_at(call.deadline.into(), task).await {
         Ok(Ok(Ok(found))) => CallOutcome::Answered(found),
         Ok(Ok(Err(err))) => CallOutcome::Failed(err),
         Ok(Err(join)) if join.is_panic() => CallOutcome::Failed(TierError::new(
@@ -228,10 +289,8 @@ async fn run_call<T: Tier>(
             TierErrorKind::Other,
             "batch_lookup task was cancelled",
         )),
-        Err(_) => {
-            task.abort();
-            CallOutcome::TimedOut
-        }
+        // Dropping the timed-out future aborted the task.
+        Err(_) => CallOutcome::TimedOut,
     };
     let elapsed = started.elapsed();
     let label = match &outcome {
@@ -242,11 +301,7 @@ async fn run_call<T: Tier>(
     };
     span.record("outcome", label);
     span.record("elapsed_us", elapsed.as_micros() as u64);
-    publisher.publish(Finished {
-        id: call.id,
-        outcome,
-        elapsed,
-    });
+    reply.send(outcome, elapsed);
 }
 
 impl WorkerHandle {
@@ -256,18 +311,41 @@ impl WorkerHandle {
         self.inbox.send(Command::Call(call)).map_err(|_| id)
     }
 
-    /// Asks the worker to stop and waits for it at most `timeout`. Returns
-    /// whether it stopped in time; if not, its thread is left to finish alone.
-    pub(crate) fn stop(&mut self, timeout: Duration) -> bool {
+    /// Asks the worker to stop, giving running calls half of `timeout`.
+    fn ask_to_stop(&self, timeout: Duration) {
+        // An error means the worker has already ended.
         let _ = self.inbox.send(Command::Shutdown { grace: timeout / 2 });
-        let stopped = self.done.recv_timeout(timeout).is_ok();
-        // Once it has signalled done, joining returns at once; otherwise
-        // dropping the handle detaches the thread.
-        if let Some(thread) = self.thread.take()
-            && stopped
-        {
-            let _ = thread.join();
+    }
+
+    /// Asks the worker to stop and blocks this thread for it at most
+    /// `timeout`. Returns whether it stopped in time.
+    pub(crate) fn stop(&self, timeout: Duration) -> bool {
+        self.ask_to_stop(timeout);
+        self.stopped.wait_timeout(timeout)
+    }
+
+    /// [`stop`](Self::stop), awaiting instead of blocking. The bound is a
+    /// timer of the runtime polling this future or, when it is polled
+    /// outside tokio, of `fallback` (the worker's own runtime).
+    pub(crate) async fn stop_async(&self, timeout: Duration, fallback: &Handle) -> bool {
+        self.ask_to_stop(timeout);
+        if self.stopped.is_set() {
+            return true;
         }
-        stopped
+        let timer = Handle::try_current().unwrap_or_else(|_| fallback.clone());
+        let expired = {
+            let _context = timer.enter();
+            tokio::time::sleep(timeout)
+        };
+        tokio::select! {
+            biased;
+            () = self.stopped.wait() => true,
+            () = expired => self.stopped.is_set(),
+        }
+    }
+
+    /// Tells the worker to abort every call, without waiting.
+    pub(crate) fn abort(&self) {
+        let _ = self.inbox.send(Command::Abort);
     }
 }
