@@ -1,0 +1,343 @@
+//! W2 and W2-slow, the scheduler's step cycle on the zero-latency mock
+//! tier, next to the minimal step loop any correct ledger must run.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use examples::{Rng, key_from_id, micros, quantile};
+use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_mock::RequestFault;
+use serde_json::{Value, json};
+
+use crate::common::{quiet_mock, round3};
+use crate::{Cli, Failure};
+
+struct Request {
+    ctx: ReqContext,
+    keys: Vec<OffloadKey>,
+    present: Vec<bool>,
+    verdicts: Vec<Option<LookupVerdict>>,
+}
+
+struct Cohort {
+    arrival_step: usize,
+    flushed_at: Option<Instant>,
+    /// Per request: context, keys, whether each key exists, verdicts so far.
+    requests: Vec<Request>,
+    remaining: usize,
+}
+
+/// The 1 ms between two scheduler steps, slept or (`--spin-poll`) spun;
+/// the manager's step loop and its baseline are paced by this one function.
+fn pace_step(cli: &Cli) {
+    if cli.spin_poll {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(1) {
+            std::hint::spin_loop();
+        }
+    } else {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// W2 and W2-slow: a cohort of 64 requests × 32 keys arrives every step;
+/// each step looks up every (request, key) without a verdict, flushes, and
+/// sleeps 1 ms. Half of each request's keys are shared by 4 requests, half
+/// of all keys exist in the tier.
+pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
+    const REQUESTS: usize = 64;
+    const KEYS: usize = 32;
+    const SHARERS: usize = 4;
+    const SLOW: Duration = Duration::from_millis(200);
+    let cohorts = if cli.quick { 30 } else { 200 };
+    let workload = if slow { "w2-slow" } else { "w2" };
+
+    let tier = quiet_mock();
+    let mut rng = Rng::new(cli.seed);
+    let mut truth: HashMap<OffloadKey, bool> = HashMap::new();
+    let mut next_id = 1u64 << 40;
+    let mut make_key = |truth: &mut HashMap<OffloadKey, bool>| {
+        next_id += 1;
+        let key = key_from_id(next_id, 32);
+        let present = rng.chance(0.5);
+        if present {
+            tier.insert([key.clone()]);
+        }
+        truth.insert(key.clone(), present);
+        key
+    };
+    let mut pending_cohorts: Vec<Cohort> = Vec::new();
+    for c in 0..cohorts {
+        let shared: Vec<Vec<OffloadKey>> = (0..REQUESTS / SHARERS)
+            .map(|_| (0..KEYS / 2).map(|_| make_key(&mut truth)).collect())
+            .collect();
+        let requests = (0..REQUESTS)
+            .map(|r| {
+                let mut keys = shared[r / SHARERS].clone();
+                keys.extend((0..KEYS / 2).map(|_| make_key(&mut truth)));
+                Request {
+                    ctx: ReqContext::new(format!("c{c}-r{r}")),
+                    present: keys.iter().map(|k| truth[k]).collect(),
+                    keys,
+                    verdicts: vec![None; KEYS],
+                }
+            })
+            .collect();
+        pending_cohorts.push(Cohort {
+            arrival_step: 0,
+            flushed_at: None,
+            requests,
+            remaining: REQUESTS * KEYS,
+        });
+    }
+    if slow {
+        tier.set_request_fault("c0-r0", RequestFault::Delay(SLOW));
+    }
+    // The same cohorts for the minimal step loop, run after the manager's.
+    let plan: Vec<Vec<(Vec<OffloadKey>, Vec<bool>)>> = pending_cohorts
+        .iter()
+        .map(|c| {
+            c.requests
+                .iter()
+                .map(|r| (r.keys.clone(), r.present.clone()))
+                .collect()
+        })
+        .collect();
+    pending_cohorts.reverse(); // pop() yields cohort 0 first
+
+    let mut m = AsyncLookupManager::from_arc(Arc::clone(&tier), ManagerConfig::named("mock"))?;
+    let mut active: Vec<(usize, Cohort)> = Vec::new();
+    let mut step = 0usize;
+    let mut next_cohort = 0usize;
+    let (mut sched_us, mut steps_to_resolve, mut ttv_us, mut slow_ttv_us) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut verdict_errors = 0u64;
+    let mut flush_us = Vec::new();
+    let started = Instant::now();
+    while !(pending_cohorts.is_empty() && active.is_empty()) {
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err("step cycle did not finish within 120 s".into());
+        }
+        if let Some(mut cohort) = pending_cohorts.pop() {
+            cohort.arrival_step = step;
+            active.push((next_cohort, cohort));
+            next_cohort += 1;
+        }
+        let t0 = Instant::now();
+        for (c, cohort) in &mut active {
+            for (r, req) in cohort.requests.iter_mut().enumerate() {
+                for ((key, verdict), &present) in req
+                    .keys
+                    .iter()
+                    .zip(req.verdicts.iter_mut())
+                    .zip(&req.present)
+                {
+                    if verdict.is_some() {
+                        continue;
+                    }
+                    let v = m.lookup(key, &req.ctx)?;
+                    if v == LookupVerdict::Pending {
+                        continue;
+                    }
+                    *verdict = Some(v);
+                    cohort.remaining -= 1;
+                    if (v == LookupVerdict::Hit) != present {
+                        verdict_errors += 1;
+                    }
+                    if let Some(flushed_at) = cohort.flushed_at {
+                        let ttv = micros(t0.saturating_duration_since(flushed_at));
+                        if slow && *c == 0 && r < SHARERS {
+                            slow_ttv_us.push(ttv);
+                        } else if !slow || *c > 0 {
+                            ttv_us.push(ttv);
+                        }
+                    }
+                }
+            }
+        }
+        let t_flush = Instant::now();
+        m.flush();
+        let t1 = Instant::now();
+        sched_us.push(micros(t1 - t0));
+        flush_us.push(micros(t1 - t_flush));
+        for (_, cohort) in &mut active {
+            cohort.flushed_at.get_or_insert(t1);
+        }
+        active.retain(|(_, cohort)| {
+            if cohort.remaining > 0 {
+                return true;
+            }
+            steps_to_resolve.push((step - cohort.arrival_step) as f64);
+            for req in &cohort.requests {
+                m.cleanup(req.ctx.req_id());
+            }
+            false
+        });
+        step += 1;
+        pace_step(cli);
+    }
+    // Let any retained in-flight probe land, then check nothing is left.
+    let wait = Instant::now();
+    while !m.is_idle() && wait.elapsed() < Duration::from_secs(5) {
+        m.drain_results();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let state_empty = m.is_idle();
+    let stats = m.stats();
+    m.shutdown();
+    let mut base_us = minimal_step_loop(cli, &plan)?;
+    let sched_p50 = quantile(&mut sched_us, 0.5);
+    let base_p50 = quantile(&mut base_us, 0.5);
+    let mut line = json!({
+        "workload": workload,
+        "tier": "mock",
+        "params": { "cohorts": cohorts, "requests_per_step": REQUESTS, "keys_per_request": KEYS,
+                    "key_len": 32, "shared_fraction": 0.5, "sharers_per_key": SHARERS,
+                    "present_fraction": 0.5, "poll_ms": 1, "spin_poll": cli.spin_poll,
+                    "slow_request_ms": if slow { SLOW.as_millis() as u64 } else { 0 },
+                    "ttv_scope": if slow { "cohorts after the slow one" } else { "all keys" } },
+        "scheduler_us_per_step": round3(sched_p50),
+        "baseline_us_per_step": round3(base_p50),
+        "ratio": round3(sched_p50 / base_p50),
+        "baseline": "minimal step loop: HashMap<OffloadKey, u8> get-or-insert and a push per new key, one get per resolved key, answers applied with one get_mut per key, flush moves each request's Vec",
+        "scheduler_us_per_step_p99": round3(quantile(&mut sched_us, 0.99)),
+        "flush_us_per_step": round3(quantile(&mut flush_us, 0.5)),
+        "steps_to_resolve": quantile(&mut steps_to_resolve, 0.5),
+        "ttv_p50_us": round3(quantile(&mut ttv_us, 0.5)),
+        "ttv_p99_us": round3(quantile(&mut ttv_us, 0.99)),
+        "verdict_errors": verdict_errors,
+        "state_empty_after_cleanup": state_empty,
+        "tier_calls": stats.calls_started,
+        "errors": stats.errors + stats.timeouts,
+    });
+    if slow {
+        line["slow_request_ttv_p50_us"] = json!(round3(quantile(&mut slow_ttv_us, 0.5)));
+    }
+    Ok(line)
+}
+
+/// W2's baseline: the step loop any correct ledger must run, over the same
+/// cohorts with the same schedule (a cohort arrives each step, its keys are
+/// answered by the next step), timed over the same window (answers applied,
+/// lookups, flush). A new key is a get-or-insert into a
+/// `HashMap<OffloadKey, u8>` plus a push onto its request's batch; a
+/// resolved key one `get`; flush moves each request's `Vec` out whole. The
+/// tier's answers are computed outside the timed window (the manager's come
+/// from its worker thread), and applied inside it with one `get_mut` per key.
+/// Returns the microseconds of each step.
+fn minimal_step_loop(
+    cli: &Cli,
+    plan: &[Vec<(Vec<OffloadKey>, Vec<bool>)>],
+) -> Result<Vec<f64>, Failure> {
+    const PENDING: u8 = 0;
+    const HIT: u8 = 1;
+    const MISS: u8 = 2;
+    struct Req<'a> {
+        keys: &'a [OffloadKey],
+        present: &'a [bool],
+        verdicts: Vec<u8>,
+    }
+    let mut state: HashMap<OffloadKey, u8, kvtier_core::BuildPrehashed> = HashMap::default();
+    let truth: HashMap<&OffloadKey, bool> = plan
+        .iter()
+        .flatten()
+        .flat_map(|(keys, present)| keys.iter().zip(present.iter().copied()))
+        .collect();
+    let mut upcoming = plan.iter();
+    let mut active: Vec<(Vec<Req<'_>>, usize)> = Vec::new();
+    let mut answers: Vec<(Vec<OffloadKey>, Vec<bool>)> = Vec::new();
+    let mut step_us = Vec::new();
+    let mut verdict_errors = 0u64;
+    let started = Instant::now();
+    while upcoming.len() > 0 || !active.is_empty() {
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err("minimal step loop did not finish within 120 s".into());
+        }
+        if let Some(cohort) = upcoming.next() {
+            let reqs: Vec<Req<'_>> = cohort
+                .iter()
+                .map(|(keys, present)| Req {
+                    keys,
+                    present,
+                    verdicts: vec![PENDING; keys.len()],
+                })
+                .collect();
+            let remaining = reqs.iter().map(|r| r.keys.len()).sum();
+            active.push((reqs, remaining));
+        }
+        let t0 = Instant::now();
+        for (keys, found) in answers.drain(..) {
+            for (key, present) in keys.iter().zip(found) {
+                if let Some(s) = state.get_mut(key) {
+                    *s = if present { HIT } else { MISS };
+                }
+            }
+        }
+        let mut batch: Vec<Vec<OffloadKey>> = Vec::new();
+        for (reqs, remaining) in &mut active {
+            for req in reqs.iter_mut() {
+                let mut new_keys = Vec::new();
+                for ((key, verdict), &present) in req
+                    .keys
+                    .iter()
+                    .zip(req.verdicts.iter_mut())
+                    .zip(req.present)
+                {
+                    if *verdict != PENDING {
+                        continue;
+                    }
+                    match state.get(black_box(key)) {
+                        Some(&PENDING) => continue,
+                        Some(&v) => {
+                            *verdict = v;
+                            *remaining -= 1;
+                            if (v == HIT) != present {
+                                verdict_errors += 1;
+                            }
+                        }
+                        None => {
+                            state.insert(key.clone(), PENDING);
+                            new_keys.push(key.clone());
+                        }
+                    }
+                }
+                if !new_keys.is_empty() {
+                    batch.push(new_keys);
+                }
+            }
+        }
+        // flush: each request's keys move out whole.
+        let flushed = black_box(std::mem::take(&mut batch));
+        step_us.push(micros(t0.elapsed()));
+        // The tier's side, outside the scheduler's time.
+        for keys in flushed {
+            let found = keys
+                .iter()
+                .map(|k| truth.get(k).copied().unwrap_or(false))
+                .collect();
+            answers.push((keys, found));
+        }
+        active.retain(|(reqs, remaining)| {
+            if *remaining > 0 {
+                return true;
+            }
+            for req in reqs {
+                for key in req.keys {
+                    state.remove(key);
+                }
+            }
+            false
+        });
+        pace_step(cli);
+    }
+    if verdict_errors > 0 || !state.is_empty() {
+        return Err(format!(
+            "minimal step loop: {verdict_errors} wrong verdicts, {} keys left",
+            state.len()
+        )
+        .into());
+    }
+    Ok(step_us)
+}

@@ -1,0 +1,310 @@
+//! W3, the Redis tier (single server and cluster) through the manager,
+//! next to redis-benchmark and to a raw redis-rs pipeline loop.
+
+mod baselines;
+mod pinning;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use examples::{Rng, key_from_id, quantile};
+use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
+use serde_json::{Value, json};
+
+use self::baselines::{BenchKeys, host_port, matched_bench_keys, raw_redis_loop, redis_benchmark};
+use self::pinning::{Pinning, redis_server_pids};
+use crate::common::{Step, back_to_back, paired_ratio, polled, round3, unpark_me};
+use crate::{Cli, Failure};
+
+/// W3: the Redis tier through the manager. Preload 50,000 keys; steps of
+/// 1,024 new keys (half present) from one request each: keys/s with steps
+/// issued back to back, and time-to-verdict p50/p99 over 200 steps polled
+/// every 0.1 ms. Next to redis-benchmark -P 1000 EXISTS on the same server
+/// (`-c 1`; on a cluster `--cluster`, one connection per master, and the
+/// literal `-c 1`), both on its usual keys (short, absent) and on keys that
+/// cost the server what the tier's cost (as long, half present); each also
+/// with the servers pinned to a CPU of their own (see [`Pinning`]).
+pub(crate) fn w3(cli: &Cli) -> Result<Vec<Value>, Failure> {
+    let single = std::env::var("KVTIER_REDIS_URL").ok();
+    let cluster = std::env::var("KVTIER_REDIS_CLUSTER_URLS").ok();
+    if single.is_none() && cluster.is_none() {
+        return Err("w3 needs KVTIER_REDIS_URL and/or KVTIER_REDIS_CLUSTER_URLS: run `scripts/services.sh start` and `source .services/env`".into());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let mut lines = Vec::new();
+    for (label, config) in [
+        ("redis", single.map(kvtier_redis::RedisConfig::from_url)),
+        (
+            "redis-cluster",
+            cluster.map(|urls| kvtier_redis::RedisConfig::cluster(urls.split(','))),
+        ),
+    ] {
+        let Some(config) = config else { continue };
+        let urls: Vec<String> = if config.is_cluster() {
+            config.cluster_urls.clone()
+        } else {
+            vec![config.url.clone()]
+        };
+        lines.push(w3_one(cli, &rt, label, config, &urls)?);
+    }
+    Ok(lines)
+}
+
+fn w3_one(
+    cli: &Cli,
+    rt: &tokio::runtime::Runtime,
+    label: &str,
+    config: kvtier_redis::RedisConfig,
+    urls: &[String],
+) -> Result<Value, Failure> {
+    const STEP: usize = 1024;
+    const PRELOAD: u64 = 50_000;
+    const KEY_LEN: usize = 36;
+    const WIDE_STEPS: usize = 32;
+    const WIDE_CALLS: usize = 64;
+    let throughput_steps = if cli.quick { 10 } else { 96 }; // 96 × 512 distinct present keys < 50,000
+    let ttv_steps = if cli.quick { 20 } else { 200 };
+    // The tier's default prefix plus a run id (the run's keys are removed at
+    // the end): names of 52 bytes, not much longer than the default's 43.
+    let run = (Rng::new(cli.seed).next_u64() ^ u64::from(std::process::id())) as u32;
+    let prefix = format!("kvtier:{run:08x}:");
+    let tier = Arc::new(kvtier_redis::RedisTier::new(kvtier_redis::RedisConfig {
+        key_prefix: prefix.clone(),
+        ..config
+    })?);
+    let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, KEY_LEN)).collect();
+    let blocks: Vec<(OffloadKey, Vec<u8>)> =
+        preload.iter().map(|k| (k.clone(), b"x".to_vec())).collect();
+    rt.block_on(tier.store_many(&blocks, None))?;
+    let config = ManagerConfig {
+        call_timeout_ms: 5_000,
+        // The throughput run issues every step at once: room for all of
+        // them, instead of the default backlog bound deferring some.
+        max_queued_keys: throughput_steps * STEP,
+        ..ManagerConfig::named(label)
+    };
+    let mut m = AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())?;
+    // The same with wider in-flight limits (32 steps, 64 calls instead of 8
+    // and 32): more pipelines per server at once, which a cluster on 2 cores
+    // needs to keep its servers busy.
+    let mut wide = AsyncLookupManager::with_wake_hook(
+        Arc::clone(&tier),
+        ManagerConfig {
+            max_steps_in_flight: WIDE_STEPS,
+            max_calls_in_flight: WIDE_CALLS,
+            ..config
+        },
+        unpark_me(),
+    )?;
+    let mut rng = Rng::new(cli.seed);
+    let mut absent_id = 1u64 << 50;
+    let mut step_keys =
+        |present: &mut dyn FnMut(usize) -> OffloadKey| -> (Vec<OffloadKey>, Vec<bool>) {
+            let mut keys = Vec::with_capacity(STEP);
+            let mut truth = Vec::with_capacity(STEP);
+            for j in 0..STEP {
+                if j % 2 == 0 {
+                    keys.push(present(j));
+                    truth.push(true);
+                } else {
+                    absent_id += 1;
+                    keys.push(key_from_id(absent_id, KEY_LEN));
+                    truth.push(false);
+                }
+            }
+            (keys, truth)
+        };
+
+    // Throughput: every step issued at once, then wait for the last answer;
+    // five rounds, each followed by the baselines; the medians of the rates
+    // and of the rounds' paired ratios are kept. After a round's cleanup its
+    // keys are new to the manager again.
+    let rounds = if cli.quick { 1 } else { 5 };
+    let cluster = urls.len() > 1;
+    // redis-benchmark in cluster mode exits on a 250 ms tick after its last
+    // reply (measured: 1M requests took 0.52 or 0.77 s by the wall clock,
+    // never in between), so its rate is understated by up to a tick. Runs of
+    // about 3 s keep that under 10%; against a single server it is exact.
+    let (n, n_one_connection, n_pinned) = match (cli.quick, cluster) {
+        (true, _) => (100_000, 100_000, 100_000),
+        (false, false) => (1_000_000, 0, 1_000_000),
+        // Pinned, the servers share one CPU: about half the rate.
+        (false, true) => (6_000_000, 3_000_000, 3_000_000),
+    };
+    let usual_keys = BenchKeys::short_absent(cluster);
+    let matched_keys = rt.block_on(matched_bench_keys(
+        urls,
+        tier.config().key_prefix.len() + KEY_LEN,
+        PRELOAD / urls.len() as u64,
+    ))?;
+    let server_pids = redis_server_pids(cluster);
+    let mut matched = Vec::new();
+    let mut pinned_rates = Vec::new();
+    let mut pinned_baselines = Vec::new();
+    let mut pinned_matched = Vec::new();
+    let mut pinned_skipped = None;
+    let (host, port) = host_port(&urls[0]).ok_or("cannot read host:port from the Redis URL")?;
+    let mut rates = Vec::new();
+    let mut baselines = Vec::new();
+    // On a cluster, also the issue's literal `-c 1`: one connection, which
+    // then talks to a single master.
+    let mut one_connection = Vec::new();
+    // The client library alone: the same keys as EXISTS pipelines over
+    // redis-rs, without the manager or the tier.
+    let mut raw_client = Vec::new();
+    let mut wide_rates = Vec::new();
+    let mut verdict_errors = 0;
+    for round in 0..rounds {
+        let steps: Vec<Step> = (0..throughput_steps)
+            .map(|s| {
+                let (keys, truth) = step_keys(&mut |j| preload[s * STEP / 2 + j / 2].clone());
+                (ReqContext::new(format!("w3-{round}-{s}")), keys, truth)
+            })
+            .collect();
+        let (keys_per_s, errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
+        rates.push(keys_per_s);
+        verdict_errors += errors;
+        let (keys_per_s, errors) = back_to_back(&mut wide, &steps, Duration::from_secs(120))?;
+        wide_rates.push(keys_per_s);
+        verdict_errors += errors;
+        raw_client.push(rt.block_on(raw_redis_loop(urls, &prefix, &steps))?);
+        baselines.push(redis_benchmark(
+            &host,
+            port,
+            cluster,
+            urls.len(),
+            n,
+            &usual_keys,
+            None,
+        )?);
+        matched.push(redis_benchmark(
+            &host,
+            port,
+            cluster,
+            urls.len(),
+            n,
+            &matched_keys,
+            None,
+        )?);
+        if cluster {
+            one_connection.push(redis_benchmark(
+                &host,
+                port,
+                true,
+                1,
+                n_one_connection,
+                &usual_keys,
+                None,
+            )?);
+        }
+        // The same with the servers on a CPU of their own.
+        match Pinning::new(&server_pids) {
+            Ok(pinning) => {
+                let cpus = Some(pinning.client_cpus.as_str());
+                let (keys_per_s, errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
+                pinned_rates.push(keys_per_s);
+                verdict_errors += errors;
+                pinned_baselines.push(redis_benchmark(
+                    &host,
+                    port,
+                    cluster,
+                    urls.len(),
+                    n_pinned,
+                    &usual_keys,
+                    cpus,
+                )?);
+                pinned_matched.push(redis_benchmark(
+                    &host,
+                    port,
+                    cluster,
+                    urls.len(),
+                    n_pinned,
+                    &matched_keys,
+                    cpus,
+                )?);
+            }
+            Err(why) => pinned_skipped = Some(why),
+        }
+    }
+    let ratio = paired_ratio(&rates, &baselines);
+    let matched_ratio = paired_ratio(&rates, &matched);
+    let matched_rate = quantile(&mut matched, 0.5);
+    let wide_ratio = paired_ratio(&wide_rates, &baselines);
+    let wide_rate = quantile(&mut wide_rates, 0.5);
+    let raw_ratio = paired_ratio(&rates, &raw_client);
+    let raw_vs_benchmark = paired_ratio(&raw_client, &baselines);
+    let raw_rate = quantile(&mut raw_client, 0.5);
+    let one_connection_ratio = cluster.then(|| paired_ratio(&rates, &one_connection));
+    let one_connection_rate = cluster.then(|| quantile(&mut one_connection, 0.5).round());
+    let keys_per_s = quantile(&mut rates, 0.5);
+    let baseline = quantile(&mut baselines, 0.5);
+
+    // Time to verdict: one step at a time, polled every 0.1 ms.
+    let ttv_work: Vec<Step> = (0..ttv_steps)
+        .map(|s| {
+            let (keys, truth) = step_keys(&mut |_| preload[rng.below(PRELOAD) as usize].clone());
+            (ReqContext::new(format!("w3-ttv-{s}")), keys, truth)
+        })
+        .collect();
+    let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
+    verdict_errors += errors;
+    // Leave the server as it was (the run's names are unique to it).
+    rt.block_on(tier.remove_many(&preload))?;
+    let stats = m.stats();
+    let wide_stats = wide.stats();
+    m.shutdown();
+    wide.shutdown();
+
+    let mut line = json!({
+        "workload": "w3",
+        "tier": label,
+        "params": { "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
+                    "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
+                    "rounds": rounds,
+                    "wide_limits": { "max_steps_in_flight": WIDE_STEPS, "max_calls_in_flight": WIDE_CALLS },
+                    "baseline": "redis-benchmark -P 1000 EXISTS -c 1; on a cluster --cluster -c <masters> (and the literal -c 1, one master)",
+                    "masters": urls.len() },
+        "keys_per_s": keys_per_s.round(),
+        "baseline_keys_per_s": baseline.round(),
+        "ratio": round3(ratio),
+        "wide_limits_keys_per_s": wide_rate.round(),
+        "wide_limits_ratio": round3(wide_ratio),
+        "raw_redis_rs_keys_per_s": raw_rate.round(),
+        "ratio_vs_raw_redis_rs": round3(raw_ratio),
+        "raw_redis_rs_vs_benchmark": round3(raw_vs_benchmark),
+        "lean_pipelines": tier.pipeline_stats().lean,
+        "lean_fallbacks": tier.pipeline_stats().fallbacks,
+        "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
+        "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
+        "verdict_errors": verdict_errors,
+        "errors": stats.errors + stats.timeouts + wide_stats.errors + wide_stats.timeouts,
+    });
+    line["baseline_matched_keys_per_s"] = json!(matched_rate.round());
+    line["ratio_vs_matched"] = json!(round3(matched_ratio));
+    line["params"]["matched_baseline"] = json!(format!(
+        "redis-benchmark EXISTS {} -r {}: names as long as the tier's, half of them present",
+        matched_keys.key, matched_keys.keyspace
+    ));
+    if pinned_rates.is_empty() {
+        line["pinned_skipped"] = json!(pinned_skipped.unwrap_or_default());
+    } else {
+        line["pinned_ratio"] = json!(round3(paired_ratio(&pinned_rates, &pinned_baselines)));
+        line["pinned_ratio_vs_matched"] =
+            json!(round3(paired_ratio(&pinned_rates, &pinned_matched)));
+        // After the paired ratios: `quantile` sorts.
+        line["pinned_keys_per_s"] = json!(quantile(&mut pinned_rates, 0.5).round());
+        line["pinned_baseline_keys_per_s"] = json!(quantile(&mut pinned_baselines, 0.5).round());
+        line["pinned_baseline_matched_keys_per_s"] =
+            json!(quantile(&mut pinned_matched, 0.5).round());
+        line["params"]["pinned"] =
+            json!("servers on CPU 0; kvbench and redis-benchmark on the other CPUs (taskset)");
+    }
+    if let (Some(rate), Some(ratio)) = (one_connection_rate, one_connection_ratio) {
+        line["baseline_one_connection_keys_per_s"] = json!(rate);
+        line["ratio_vs_one_connection"] = json!(round3(ratio));
+    }
+    Ok(line)
+}
