@@ -177,7 +177,7 @@ impl Tiers {
             .into_iter()
             .map(|k| (k.clone(), k.as_bytes().to_vec()))
             .collect();
-        rt.block_on(self.redis.store_many(&blocks, None)).unwrap();
+        rt.block_on(self.redis.store_many(&blocks)).unwrap();
     }
 
     fn stack(&self, manager: &ManagerConfig) -> TierStack {

@@ -37,9 +37,13 @@ pub struct RedisConfig {
     pub tls_ca_cert: Option<PathBuf>,
     /// Prefix of every Redis key; the block key's bytes follow it. Default `"kvtier:"`.
     pub key_prefix: String,
-    /// Time to live of the blocks stored through
-    /// [`BlockStore`](kvtier_core::BlockStore), in milliseconds; `None` (the
-    /// default) keeps them until removed or evicted by the server's policy.
+    /// Time to live of every block the tier stores (through
+    /// [`BlockStore`](kvtier_core::BlockStore) and
+    /// [`store_nx`](crate::RedisTier::store_nx)), in milliseconds, sent as
+    /// `SET ... PX`: after it the block is gone, and lookups answer miss.
+    /// `None` (the default) keeps blocks until removed or evicted by the
+    /// server's `maxmemory-policy`. `Some(0)` is invalid (Redis refuses
+    /// `PX 0`).
     pub ttl_ms: Option<u64>,
     /// EXISTS commands per pipeline. Default 512.
     pub pipeline_chunk: usize,
@@ -122,6 +126,12 @@ impl RedisConfig {
         }
         if self.pipeline_chunk == 0 {
             return bad("pipeline_chunk", "must be at least 1");
+        }
+        if self.ttl_ms == Some(0) {
+            return bad(
+                "ttl_ms",
+                "must be at least 1 (or unset, to keep blocks until removed)",
+            );
         }
         if self.max_chunks_in_flight == 0 {
             return bad("max_chunks_in_flight", "must be at least 1");
@@ -326,6 +336,7 @@ impl fmt::Debug for RedisConfig {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("tls_ca_cert", &self.tls_ca_cert)
             .field("key_prefix", &self.key_prefix)
+            .field("ttl_ms", &self.ttl_ms)
             .field("pipeline_chunk", &self.pipeline_chunk)
             .field("max_chunks_in_flight", &self.max_chunks_in_flight)
             .field("connect_timeout_ms", &self.connect_timeout_ms)

@@ -16,6 +16,14 @@ pub enum RedisTierError {
         /// What is wrong.
         reason: String,
     },
+    /// The tier's I/O runtime (the thread its connections run on) could not
+    /// be started.
+    #[error("could not start the Redis tier's I/O runtime: {source}")]
+    Runtime {
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The server refused the credentials.
     #[error("{endpoint}: authentication failed during {op}")]
     Auth {
@@ -139,7 +147,9 @@ impl RedisTierError {
             Self::InvalidConfig { .. } | Self::Auth { .. } => TierErrorKind::Config,
             Self::Timeout { .. } => TierErrorKind::Timeout,
             Self::Unavailable { .. } | Self::ClusterDown { .. } => TierErrorKind::Unavailable,
-            Self::Command { .. } | Self::UnexpectedReply { .. } => TierErrorKind::Other,
+            Self::Command { .. } | Self::UnexpectedReply { .. } | Self::Runtime { .. } => {
+                TierErrorKind::Other
+            }
         }
     }
 }

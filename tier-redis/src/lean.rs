@@ -120,9 +120,14 @@ impl std::fmt::Debug for Endpoint {
 }
 
 /// Connections to one server, each used by one pipeline at a time.
+///
+/// They are opened on the tier's I/O runtime (`io`), so their sockets stay
+/// registered with a reactor that lives as long as the tier, whatever
+/// runtime the pipelines run on.
 #[derive(Debug)]
 pub(crate) struct LeanPool {
     endpoint: Endpoint,
+    io: tokio::runtime::Handle,
     idle: Mutex<Vec<Conn>>,
 }
 
@@ -133,9 +138,10 @@ struct Conn {
 }
 
 impl LeanPool {
-    pub(crate) fn new(endpoint: Endpoint) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, io: tokio::runtime::Handle) -> Self {
         Self {
             endpoint,
+            io,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -208,8 +214,22 @@ impl LeanPool {
         None
     }
 
+    /// A new connection, opened on the I/O runtime.
     async fn connect(&self) -> Result<Conn, LeanError> {
-        let e = &self.endpoint;
+        let task = self.io.spawn(Conn::open(self.endpoint.clone()));
+        match crate::connection::AbortOnDrop(task).await {
+            Ok(opened) => opened,
+            Err(_) => Err(LeanError::Closed(
+                "before the handshake: the tier's I/O runtime stopped",
+            )),
+        }
+    }
+}
+
+impl Conn {
+    /// Connects to `e` and enters it (AUTH, SELECT).
+    async fn open(e: Endpoint) -> Result<Conn, LeanError> {
+        let e = &e;
         let stream = tokio::time::timeout(
             e.connect_timeout,
             TcpStream::connect((e.host.as_str(), e.port)),
@@ -245,9 +265,7 @@ impl LeanPool {
         }
         Ok(conn)
     }
-}
 
-impl Conn {
     /// Reads `n` EXISTS answers into `found`, then the end marker's reply;
     /// nothing may follow.
     async fn read_replies(

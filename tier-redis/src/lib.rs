@@ -30,8 +30,21 @@
 //!   manager counts as an error, not a miss.
 //! - **Credentials** never appear in errors, logs or `Debug` output.
 //!
-//! Connections are made by the first call, on that call's tokio runtime;
-//! usually that is the lookup manager's worker.
+//! - **Any runtime.** Connections are made and driven on a one-thread I/O
+//!   runtime the tier starts with itself (and stops, without waiting, when
+//!   dropped), so stores from a short-lived runtime never leave the lookup
+//!   manager's worker on a connection whose driver is gone. Callers may use
+//!   the tier from any tokio runtime.
+//! - **One store interface.** Blocks are stored, loaded and removed through
+//!   [`BlockStore`]: `SET` (with `PX` when
+//!   [`RedisConfig::ttl_ms`] is set), `GET` and `DEL`, and the batched forms
+//!   in one pipeline per chunk (per master on a cluster; `MGET` on a single
+//!   server). Redis-only extras: [`RedisTier::store_nx`],
+//!   [`RedisTier::exists_many`], [`RedisTier::ping`].
+//!
+//! To keep tenants apart, give each tenant its own tier instance with its
+//! own [`key_prefix`](RedisConfig::key_prefix) (or salt the block hashes
+//! per tenant): a tier sees only the names under its prefix.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -54,7 +67,7 @@
 //! })?);
 //! let key = OffloadKey::from_block_hash(&[7; 32], 0);
 //! let rt = tokio::runtime::Runtime::new()?;
-//! rt.block_on(tier.store(&key, b"kv bytes", None))?;
+//! rt.block_on(tier.store(&key, b"kv bytes"))?;
 //! assert_eq!(rt.block_on(tier.load(&key))?.as_deref(), Some(&b"kv bytes"[..]));
 //!
 //! // The scheduler's side: answers at once, never waits for Redis.
@@ -75,36 +88,27 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+mod cluster;
 mod config;
+mod connection;
 mod error;
 mod lean;
-pub mod slot;
+mod slot;
 
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Client, IntoConnectionInfo, Pipeline, Value};
-use tokio::sync::OnceCell;
 
+use crate::cluster::Cluster;
+use crate::connection::{ConnError, Connection, Io, Single, Target};
 pub use config::RedisConfig;
 pub use error::RedisTierError;
-
-/// Slot ranges and the master owning each, from `CLUSTER SLOTS`.
-#[derive(Debug)]
-struct SlotMap {
-    /// (first slot, last slot, master index), sorted by first slot.
-    ranges: Vec<(u16, u16, usize)>,
-    /// Host and port of each master, and its lean-path connections.
-    masters: Vec<(String, u16, Option<lean::LeanPool>)>,
-}
 
 /// How lookup pipelines went: through the lean path, or back to redis-rs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -116,38 +120,12 @@ pub struct PipelineStats {
     pub fallbacks: u64,
 }
 
-impl SlotMap {
-    fn owner(&self, slot: u16) -> Option<usize> {
-        let idx = self.ranges.partition_point(|&(start, _, _)| start <= slot);
-        let (start, end, master) = *self.ranges.get(idx.checked_sub(1)?)?;
-        (start <= slot && slot <= end).then_some(master)
-    }
-}
-
-enum Backend {
-    Single {
-        client: Client,
-        conn: OnceCell<ConnectionManager>,
-        lean: Option<Box<lean::LeanPool>>,
-    },
-    Cluster {
-        client: Box<ClusterClient>,
-        conn: OnceCell<ClusterConnection>,
-        slots: RwLock<Option<Arc<SlotMap>>>,
-        /// The seed's settings for masters' lean connections (host and
-        /// port replaced), if the lean path is on and the seed is plain TCP.
-        lean: Option<lean::Endpoint>,
-    },
-}
-
 /// A Redis tier; see the crate documentation.
 pub struct RedisTier {
     config: RedisConfig,
     endpoint: String,
-    backend: Backend,
+    conn: Connection,
     epoch: Instant,
-    /// Slots of this tier's names (prefix + key).
-    slots: slot::PrefixedSlots,
     lean_pipelines: AtomicU64,
     lean_fallbacks: AtomicU64,
     /// Milliseconds since `epoch` before which the lean path is not tried
@@ -167,10 +145,12 @@ impl std::fmt::Debug for RedisTier {
 type Result<T, E = RedisTierError> = std::result::Result<T, E>;
 
 impl RedisTier {
-    /// Builds the tier from `config`, without connecting yet.
+    /// Builds the tier from `config` and starts its I/O runtime (one
+    /// thread), without connecting yet.
     ///
     /// # Errors
-    /// [`RedisTierError::InvalidConfig`] for a bad field, URL or CA file.
+    /// [`RedisTierError::InvalidConfig`] for a bad field, URL or CA file;
+    /// [`RedisTierError::Runtime`] when the I/O thread cannot start.
     pub fn new(config: RedisConfig) -> Result<Self> {
         config.validate()?;
         // rustls needs a process-wide crypto provider; install ring unless
@@ -190,7 +170,8 @@ impl RedisTier {
         };
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let response_timeout = Duration::from_millis(config.response_timeout_ms);
-        let (endpoint, backend) = if config.is_cluster() {
+        let io = Io::start().map_err(|source| RedisTierError::Runtime { source })?;
+        let (endpoint, conn) = if config.is_cluster() {
             let mut builder =
                 redis::cluster::ClusterClientBuilder::new(config.cluster_urls.clone())
                     .connection_timeout(connect_timeout)
@@ -218,18 +199,12 @@ impl RedisTier {
                 "redis cluster [{}]",
                 redacted_list(&config.cluster_urls).join(", ")
             );
-            (
-                endpoint,
-                Backend::Cluster {
-                    client: Box::new(client),
-                    conn: OnceCell::new(),
-                    slots: RwLock::new(None),
-                    lean: config
-                        .cluster_urls
-                        .first()
-                        .and_then(|seed| lean_endpoint(seed, &config)),
-                },
-            )
+            let lean = config
+                .cluster_urls
+                .first()
+                .and_then(|seed| lean_endpoint(seed, &config));
+            let cluster = Cluster::new(client, lean, config.key_prefix.as_bytes());
+            (endpoint, Connection::cluster(cluster, io))
         } else {
             let mut info =
                 config.url.as_str().into_connection_info().map_err(|e| {
@@ -254,21 +229,24 @@ impl RedisTier {
                 None => Client::open(info),
             }
             .map_err(|e| invalid("url", &format!("{:?}: {e}", config::redact(&config.url))))?;
+            let lean = lean_endpoint(&config.url, &config)
+                .map(|endpoint| Arc::new(lean::LeanPool::new(endpoint, io.handle().clone())));
+            let single = Single::new(
+                client,
+                connect_timeout,
+                response_timeout,
+                config.reconnect_retries,
+                lean,
+            );
             (
                 format!("redis {}", config::redact(&config.url)),
-                Backend::Single {
-                    client,
-                    conn: OnceCell::new(),
-                    lean: lean_endpoint(&config.url, &config)
-                        .map(|endpoint| Box::new(lean::LeanPool::new(endpoint))),
-                },
+                Connection::single(single, io),
             )
         };
         Ok(Self {
-            slots: slot::PrefixedSlots::new(config.key_prefix.as_bytes()),
             config,
             endpoint,
-            backend,
+            conn,
             epoch: Instant::now(),
             lean_pipelines: AtomicU64::new(0),
             lean_fallbacks: AtomicU64::new(0),
@@ -281,12 +259,85 @@ impl RedisTier {
         &self.config
     }
 
+    /// Where it connects, without credentials.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// How lookup pipelines went so far (see `lean_pipelines` in [`RedisConfig`]).
     pub fn pipeline_stats(&self) -> PipelineStats {
         PipelineStats {
             lean: self.lean_pipelines.load(Ordering::Relaxed),
             fallbacks: self.lean_fallbacks.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether each key exists, in order: EXISTS pipelines (see the crate
+    /// documentation). [`Tier::batch_lookup`] answers with this.
+    ///
+    /// # Errors
+    /// A [`RedisTierError`] classified as timeout, unavailable, auth, cluster down or other.
+    pub async fn exists_many(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<&OffloadKey> = keys.iter().collect();
+        let keys = &keys[..];
+        self.bounded(
+            "EXISTS",
+            self.per_shard(
+                "EXISTS pipeline",
+                keys,
+                |target, chunk| async move {
+                    let chunk_keys = chunk.iter().map(|&(pos, _)| keys[pos]);
+                    if let Some(found) = self
+                        .try_lean(target.lean.as_deref(), chunk_keys.clone())
+                        .await?
+                    {
+                        return Ok(found);
+                    }
+                    let pipe = self.exists_pipeline(chunk_keys);
+                    let values = self
+                        .conn
+                        .pipeline(&target, pipe, chunk.len() + 1)
+                        .await
+                        .map_err(|e| self.err("EXISTS pipeline", e))?;
+                    self.exists_answers(values, chunk.len())
+                },
+                |pos| async move {
+                    let n: i64 = self
+                        .query("EXISTS", self.key_cmd("EXISTS", keys[pos]))
+                        .await?;
+                    lean::exists_answer(n)
+                        .ok_or_else(|| self.unexpected("EXISTS", &format!("answer {n}")))
+                },
+            ),
+        )
+        .await
+    }
+
+    /// Stores `payload` under `key` only if the key is absent, with the
+    /// configured [`ttl_ms`](RedisConfig::ttl_ms); returns whether it was
+    /// stored (`SET NX`).
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn store_nx(&self, key: &OffloadKey, payload: &[u8]) -> Result<bool> {
+        let mut cmd = self.set_cmd(key, payload);
+        cmd.arg("NX");
+        let reply: Option<String> = self.bounded("SET NX", self.query("SET NX", cmd)).await?;
+        Ok(reply.is_some())
+    }
+
+    /// Answers PING: checks connectivity and credentials.
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`].
+    pub async fn ping(&self) -> Result<()> {
+        let _: String = self
+            .bounded("PING", self.query("PING", redis::cmd("PING")))
+            .await?;
+        Ok(())
     }
 
     /// One chunk through the lean path; `Ok(None)` means "ask redis-rs".
@@ -333,13 +384,123 @@ impl RedisTier {
         }
     }
 
-    /// Where it connects, without credentials.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
+    /// Runs `chunk` on every chunk of `pipeline_chunk` keys of every shard
+    /// (shards in parallel, up to `max_chunks_in_flight` chunks of a shard
+    /// at once) and puts the answers back in key order.
+    ///
+    /// When a chunk of a cluster shard fails (MOVED during resharding, a
+    /// master down), the slot map is dropped and that shard's keys are
+    /// asked one command at a time with `one`, the cluster client following
+    /// MOVED / ASK. A reply of the wrong shape is never asked again.
+    async fn per_shard<T, C, CF, O, OF>(
+        &self,
+        op: &'static str,
+        keys: &[&OffloadKey],
+        chunk: C,
+        one: O,
+    ) -> Result<Vec<T>>
+    where
+        T: Send,
+        C: Fn(Target, Vec<(usize, u16)>) -> CF + Sync,
+        CF: Future<Output = Result<Vec<T>>> + Send,
+        O: Fn(usize) -> OF + Sync,
+        OF: Future<Output = Result<T>> + Send,
+    {
+        let shards = self
+            .conn
+            .shards(keys)
+            .await
+            .map_err(|e| self.conn_err(op, e))?;
+        let (chunk, one) = (&chunk, &one);
+        let runs = shards.iter().map(|shard| async move {
+            // Collected first: no lazy iterator is held across an await
+            // (the future must be Send).
+            let chunks: Vec<_> = shard
+                .keys
+                .chunks(self.config.pipeline_chunk)
+                .map(|c| chunk(shard.target.clone(), c.to_vec()))
+                .collect();
+            let mut answers =
+                futures_util::stream::iter(chunks).buffered(self.config.max_chunks_in_flight);
+            let mut found = Vec::with_capacity(shard.keys.len());
+            let mut failed = None;
+            while let Some(answer) = answers.next().await {
+                match answer {
+                    Ok(values) => found.extend(values),
+                    Err(e @ RedisTierError::UnexpectedReply { .. }) => return Err(e),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            drop(answers);
+            let Some(first_error) = failed else {
+                return Ok(found);
+            };
+            if !shard.target.follows_redirects() {
+                return Err(first_error);
+            }
+            tracing::debug!(endpoint = %self.endpoint, error = %first_error, keys = shard.keys.len(), op, "cluster pipeline failed; asking key by key");
+            self.conn.forget_routes();
+            let singles: Vec<_> = shard.keys.iter().map(|&(pos, _)| one(pos)).collect();
+            let mut answers =
+                futures_util::stream::iter(singles).buffered(self.config.pipeline_chunk);
+            let mut found = Vec::with_capacity(shard.keys.len());
+            while let Some(answer) = answers.next().await {
+                found.push(answer?);
+            }
+            Ok(found)
+        });
+        let answers = join_all(runs).await;
+        let mut ordered: Vec<Option<T>> =
+            std::iter::repeat_with(|| None).take(keys.len()).collect();
+        for (shard, answer) in shards.iter().zip(answers) {
+            let answer = answer?;
+            if answer.len() != shard.keys.len() {
+                return Err(self.unexpected(
+                    op,
+                    &format!("{} answers for {} keys", answer.len(), shard.keys.len()),
+                ));
+            }
+            for (&(pos, _), value) in shard.keys.iter().zip(answer) {
+                if let Some(slot) = ordered.get_mut(pos) {
+                    *slot = Some(value);
+                }
+            }
+        }
+        ordered
+            .into_iter()
+            .collect::<Option<Vec<T>>>()
+            .ok_or_else(|| self.unexpected(op, "a key without an answer"))
     }
 
     fn err(&self, op: &'static str, e: redis::RedisError) -> RedisTierError {
         RedisTierError::classify(&self.endpoint, op, e)
+    }
+
+    fn conn_err(&self, op: &'static str, e: ConnError) -> RedisTierError {
+        match e {
+            ConnError::Client(e) => self.err(op, e),
+            ConnError::Reply(detail) => self.unexpected(op, &detail),
+        }
+    }
+
+    fn unexpected(&self, op: &'static str, detail: &str) -> RedisTierError {
+        RedisTierError::UnexpectedReply {
+            endpoint: self.endpoint.clone(),
+            op,
+            detail: detail.to_owned(),
+        }
+    }
+
+    /// One command, routed by its key on a cluster.
+    async fn query<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        op: &'static str,
+        cmd: redis::Cmd,
+    ) -> Result<T> {
+        self.conn.query(cmd).await.map_err(|e| self.err(op, e))
     }
 
     fn full_key(&self, key: &OffloadKey) -> Vec<u8> {
@@ -354,6 +515,23 @@ impl RedisTier {
         buf.clear();
         buf.extend_from_slice(self.config.key_prefix.as_bytes());
         buf.extend_from_slice(key.as_bytes());
+    }
+
+    /// `name <prefix><key>`.
+    fn key_cmd(&self, name: &str, key: &OffloadKey) -> redis::Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(self.full_key(key));
+        cmd
+    }
+
+    /// `SET <prefix><key> <payload>`, with `PX` when a TTL is configured.
+    fn set_cmd(&self, key: &OffloadKey, payload: &[u8]) -> redis::Cmd {
+        let mut cmd = self.key_cmd("SET", key);
+        cmd.arg(payload);
+        if let Some(ttl) = self.config.ttl_ms {
+            cmd.arg("PX").arg(ttl);
+        }
+        cmd
     }
 
     /// One EXISTS per key, in order, each command sized up front, then the
@@ -378,43 +556,7 @@ impl RedisTier {
 
     /// [`exists_answers`] as a tier error.
     fn exists_answers(&self, values: Vec<Value>, keys: usize) -> Result<Vec<bool>> {
-        exists_answers(values, keys).map_err(|detail| RedisTierError::UnexpectedReply {
-            endpoint: self.endpoint.clone(),
-            op: "EXISTS pipeline",
-            detail,
-        })
-    }
-
-    async fn single(&self) -> Result<ConnectionManager> {
-        let Backend::Single { client, conn, .. } = &self.backend else {
-            unreachable_backend()
-        };
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(self.config.connect_timeout_ms)))
-            .set_response_timeout(Some(Duration::from_millis(self.config.response_timeout_ms)))
-            .set_number_of_retries(self.config.reconnect_retries)
-            .set_max_delay(Duration::from_millis(self.config.connect_timeout_ms));
-        conn.get_or_try_init(|| async {
-            ConnectionManager::new_with_config(client.clone(), config)
-                .await
-                .map_err(|e| self.err("connect", e))
-        })
-        .await
-        .cloned()
-    }
-
-    async fn cluster(&self) -> Result<ClusterConnection> {
-        let Backend::Cluster { client, conn, .. } = &self.backend else {
-            unreachable_backend()
-        };
-        conn.get_or_try_init(|| async {
-            client
-                .get_async_connection()
-                .await
-                .map_err(|e| self.err("connect", e))
-        })
-        .await
-        .cloned()
+        exists_answers(values, keys).map_err(|detail| self.unexpected("EXISTS pipeline", &detail))
     }
 
     /// Bounds a whole operation by the response timeout (plus the connect
@@ -439,442 +581,31 @@ impl RedisTier {
         }
     }
 
-    /// Whether each key exists, in order.
-    ///
-    /// # Errors
-    /// A [`RedisTierError`] classified as timeout, unavailable, auth, cluster down or other.
-    pub async fn exists_many(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.bounded("EXISTS", async {
-            match &self.backend {
-                Backend::Single { .. } => self.exists_single(keys).await,
-                Backend::Cluster { .. } => self.exists_cluster(keys).await,
-            }
-        })
-        .await
-    }
-
-    async fn exists_single(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
-        let Backend::Single { lean, .. } = &self.backend else {
-            unreachable_backend()
-        };
-        let conn = self.single().await?;
-        // Collected first: no lazy iterator is held across an await (the
-        // future must be Send).
-        let chunks: Vec<_> = keys
-            .chunks(self.config.pipeline_chunk)
-            .map(|chunk| {
-                let mut conn = conn.clone();
-                async move {
-                    if let Some(found) = self.try_lean(lean.as_deref(), chunk.iter()).await? {
-                        return Ok(found);
-                    }
-                    let pipe = self.exists_pipeline(chunk.iter());
-                    let values = pipe
-                        .query_async::<Vec<Value>>(&mut conn)
-                        .await
-                        .map_err(|e| self.err("EXISTS pipeline", e))?;
-                    self.exists_answers(values, chunk.len())
-                }
-            })
-            .collect();
-        let mut found = Vec::with_capacity(keys.len());
-        let mut answers =
-            futures_util::stream::iter(chunks).buffered(self.config.max_chunks_in_flight);
-        while let Some(answer) = answers.next().await {
-            found.extend(answer?);
-        }
-        self.check_len(found, keys.len())
-    }
-
-    fn unexpected(&self, op: &'static str, detail: &str) -> RedisTierError {
-        RedisTierError::UnexpectedReply {
-            endpoint: self.endpoint.clone(),
-            op,
-            detail: detail.to_owned(),
-        }
-    }
-
-    fn check_len(&self, found: Vec<bool>, expected: usize) -> Result<Vec<bool>> {
-        if found.len() != expected {
-            return Err(RedisTierError::UnexpectedReply {
-                endpoint: self.endpoint.clone(),
-                op: "EXISTS pipeline",
-                detail: format!("{} answers for {expected} keys", found.len()),
-            });
-        }
-        Ok(found)
-    }
-
-    async fn slot_map(&self, conn: &ClusterConnection) -> Result<Arc<SlotMap>> {
-        let Backend::Cluster { slots, lean, .. } = &self.backend else {
-            unreachable_backend()
-        };
-        if let Some(map) = slots
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            return Ok(Arc::clone(map));
-        }
-        let mut conn = conn.clone();
-        let reply: Value = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.err("CLUSTER SLOTS", e))?;
-        let mut map =
-            parse_cluster_slots(reply).ok_or_else(|| RedisTierError::UnexpectedReply {
-                endpoint: self.endpoint.clone(),
-                op: "CLUSTER SLOTS",
-                detail: "not a slot map".to_owned(),
-            })?;
-        if let Some(template) = lean {
-            for (host, port, pool) in &mut map.masters {
-                *pool = Some(lean::LeanPool::new(lean::Endpoint {
-                    // An empty host means "the address you reached me at".
-                    host: if host.is_empty() {
-                        template.host.clone()
-                    } else {
-                        host.clone()
-                    },
-                    port: *port,
-                    db: 0,
-                    ..template.clone()
-                }));
-            }
-        }
-        let map = Arc::new(map);
-        *slots.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&map));
-        Ok(map)
-    }
-
-    fn forget_slot_map(&self) {
-        if let Backend::Cluster { slots, .. } = &self.backend {
-            *slots.write().unwrap_or_else(PoisonError::into_inner) = None;
-        }
-    }
-
-    async fn exists_cluster(&self, keys: &[OffloadKey]) -> Result<Vec<bool>> {
-        let conn = self.cluster().await?;
-        let map = self.slot_map(&conn).await?;
-        let groups = self.group_by_master(&map, keys.iter());
-        let mut found = vec![false; keys.len()];
-        let calls: Vec<_> = groups
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(master, group)| {
-                let pool = map.masters.get(master).and_then(|m| m.2.as_ref());
-                self.exists_cluster_group(&conn, pool, keys, group)
-            })
-            .collect();
-        let group_answers = join_all(calls).await;
-        for (group, answer) in groups.iter().filter(|g| !g.is_empty()).zip(group_answers) {
-            for (&(pos, _), present) in group.iter().zip(answer?) {
-                found[pos] = present;
-            }
-        }
-        Ok(found)
-    }
-
-    /// Positions of `keys`, with their slots, grouped by the master owning
-    /// the slot; the last group holds keys of slots without a known owner.
-    fn group_by_master<'a>(
-        &self,
-        map: &SlotMap,
-        keys: impl Iterator<Item = &'a OffloadKey>,
-    ) -> Vec<Vec<(usize, u16)>> {
-        let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters.len() + 1];
-        for (pos, key) in keys.enumerate() {
-            let slot = self.slots.slot(key.as_bytes());
-            groups[map.owner(slot).unwrap_or(map.masters.len())].push((pos, slot));
-        }
-        groups
-    }
-
-    /// One master's keys: pipelines routed to the master owning the group's
-    /// first slot; on failure, one command per key through the client's own
-    /// routing (which follows MOVED / ASK).
-    async fn exists_cluster_group(
-        &self,
-        conn: &ClusterConnection,
-        lean: Option<&lean::LeanPool>,
-        keys: &[OffloadKey],
-        group: &[(usize, u16)],
-    ) -> Result<Vec<bool>> {
-        let chunks: Vec<_> = group
-            .chunks(self.config.pipeline_chunk)
-            .map(|chunk| {
-                let mut conn = conn.clone();
-                async move {
-                    let chunk_keys = chunk.iter().map(|&(pos, _)| &keys[pos]);
-                    if let Some(found) = self.try_lean(lean, chunk_keys.clone()).await? {
-                        return Ok(found);
-                    }
-                    let route = SingleNodeRoutingInfo::SpecificNode(Route::new(
-                        chunk[0].1,
-                        SlotAddr::Master,
-                    ));
-                    let pipe = self.exists_pipeline(chunk_keys);
-                    // An error reply (MOVED...) is the client's error, to
-                    // be asked again key by key; a broken reply is not.
-                    let values = conn
-                        .route_pipeline(pipe, 0, chunk.len() + 1, route)
-                        .await
-                        .and_then(|values| Value::Array(values).extract_error())
-                        .map_err(|e| self.err("EXISTS pipeline", e))?;
-                    let Value::Array(values) = values else {
-                        return Err(self.unexpected("EXISTS pipeline", "not an array"));
-                    };
-                    self.exists_answers(values, chunk.len())
-                }
-            })
-            .collect();
-        let mut answers =
-            futures_util::stream::iter(chunks).buffered(self.config.max_chunks_in_flight);
-        let mut found = Vec::with_capacity(group.len());
-        let mut failed = None;
-        while let Some(answer) = answers.next().await {
-            match answer {
-                Ok(values) => found.extend(values),
-                Err(e @ RedisTierError::UnexpectedReply { .. }) => return Err(e),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        let Some(first_error) = failed else {
-            return self.check_len(found, group.len());
-        };
-        tracing::debug!(endpoint = %self.endpoint, error = %first_error, keys = group.len(), "cluster pipeline failed; asking key by key");
-        self.forget_slot_map();
-        let singles: Vec<_> = group
-            .iter()
-            .map(|&(pos, _)| {
-                let mut conn = conn.clone();
-                let cmd = redis::cmd("EXISTS").arg(self.full_key(&keys[pos])).clone();
-                async move { cmd.query_async::<i64>(&mut conn).await }
-            })
-            .collect();
-        let mut found = Vec::with_capacity(group.len());
-        let mut answers = futures_util::stream::iter(singles).buffered(self.config.pipeline_chunk);
-        while let Some(answer) = answers.next().await {
-            let n = answer.map_err(|e| self.err("EXISTS", e))?;
-            found.push(
-                lean::exists_answer(n)
-                    .ok_or_else(|| self.unexpected("EXISTS", &format!("answer {n}")))?,
-            );
-        }
-        Ok(found)
-    }
-
-    /// Stores `payload` under `key`, with an optional time to live.
-    ///
-    /// # Errors
-    /// A classified [`RedisTierError`].
-    pub async fn store(
-        &self,
-        key: &OffloadKey,
-        payload: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<()> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.full_key(key)).arg(payload);
-        if let Some(ttl) = ttl {
-            cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
-        }
-        let _: Value = self.query("SET", &cmd).await?;
-        Ok(())
-    }
-
-    /// Stores `payload` under `key` only if the key is absent; returns
-    /// whether it was stored.
-    ///
-    /// # Errors
-    /// A classified [`RedisTierError`].
-    pub async fn store_nx(
-        &self,
-        key: &OffloadKey,
-        payload: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<bool> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.full_key(key)).arg(payload).arg("NX");
-        if let Some(ttl) = ttl {
-            cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
-        }
-        let reply: Option<String> = self.query("SET NX", &cmd).await?;
-        Ok(reply.is_some())
-    }
-
-    /// Stores many blocks: one pipeline per chunk, on a cluster one per chunk
-    /// of each master's keys, masters in parallel (a chunk whose pipeline
-    /// fails, as during resharding, is stored key by key, following MOVED).
-    ///
-    /// # Errors
-    /// A classified [`RedisTierError`]; some blocks may be stored.
-    pub async fn store_many(
-        &self,
-        blocks: &[(OffloadKey, Vec<u8>)],
-        ttl: Option<Duration>,
-    ) -> Result<()> {
-        match &self.backend {
-            Backend::Single { .. } => {
-                let conn = self.bounded("connect", self.single()).await?;
-                for chunk in blocks.chunks(self.config.pipeline_chunk) {
-                    let pipe = self.set_pipeline(chunk.iter(), ttl);
-                    let mut conn = conn.clone();
-                    self.bounded("SET pipeline", async {
-                        pipe.query_async::<()>(&mut conn)
-                            .await
-                            .map_err(|e| self.err("SET pipeline", e))
-                    })
-                    .await?;
-                }
-                Ok(())
-            }
-            Backend::Cluster { .. } => {
-                let (conn, map) = self
-                    .bounded("CLUSTER SLOTS", async {
-                        let conn = self.cluster().await?;
-                        let map = self.slot_map(&conn).await?;
-                        Ok((conn, map))
-                    })
-                    .await?;
-                let groups = self.group_by_master(&map, blocks.iter().map(|(key, _)| key));
-                let stores: Vec<_> = groups
-                    .iter()
-                    .filter(|g| !g.is_empty())
-                    .map(|group| self.store_cluster_group(&conn, blocks, group, ttl))
-                    .collect();
-                join_all(stores).await.into_iter().collect()
-            }
-        }
-    }
-
-    /// One SET per block, in order, with the TTL if any.
-    fn set_pipeline<'a>(
-        &self,
-        blocks: impl ExactSizeIterator<Item = &'a (OffloadKey, Vec<u8>)>,
-        ttl: Option<Duration>,
-    ) -> Pipeline {
-        let mut pipe = Pipeline::with_capacity(blocks.len());
-        for (key, payload) in blocks {
-            let cmd = pipe
-                .cmd("SET")
-                .arg(self.full_key(key))
-                .arg(payload.as_slice());
-            if let Some(ttl) = ttl {
-                cmd.arg("PX").arg(ttl.as_millis().max(1) as u64);
-            }
-        }
-        pipe
-    }
-
-    /// One master's blocks, a routed SET pipeline per chunk.
-    async fn store_cluster_group(
-        &self,
-        conn: &ClusterConnection,
-        blocks: &[(OffloadKey, Vec<u8>)],
-        group: &[(usize, u16)],
-        ttl: Option<Duration>,
-    ) -> Result<()> {
-        for chunk in group.chunks(self.config.pipeline_chunk) {
-            let pipe = self.set_pipeline(chunk.iter().map(|&(pos, _)| &blocks[pos]), ttl);
-            let route =
-                SingleNodeRoutingInfo::SpecificNode(Route::new(chunk[0].1, SlotAddr::Master));
-            let mut c = conn.clone();
-            let stored = self
-                .bounded("SET pipeline", async {
-                    c.route_pipeline(pipe, 0, chunk.len(), route)
-                        .await
-                        .map_err(|e| self.err("SET pipeline", e))
-                })
-                .await;
-            if let Err(e) = stored {
-                tracing::debug!(endpoint = %self.endpoint, error = %e, keys = chunk.len(), "cluster SET pipeline failed; storing key by key");
-                self.forget_slot_map();
-                let stores: Vec<_> = chunk
-                    .iter()
-                    .map(|&(pos, _)| self.store(&blocks[pos].0, &blocks[pos].1, ttl))
-                    .collect();
-                let results = futures_util::stream::iter(stores)
-                    .buffer_unordered(self.config.pipeline_chunk)
-                    .collect::<Vec<_>>()
-                    .await;
-                results.into_iter().collect::<Result<()>>()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The payload of `key`, or `None` if absent.
-    ///
-    /// # Errors
-    /// A classified [`RedisTierError`].
-    pub async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>> {
-        self.query("GET", redis::cmd("GET").arg(self.full_key(key)))
-            .await
-    }
-
-    /// Removes `key`; returns whether it existed.
-    ///
-    /// # Errors
-    /// A classified [`RedisTierError`].
-    pub async fn remove(&self, key: &OffloadKey) -> Result<bool> {
-        let n: i64 = self
-            .query("DEL", redis::cmd("DEL").arg(self.full_key(key)))
-            .await?;
-        Ok(n > 0)
-    }
-
-    /// Removes many keys; returns how many existed.
-    ///
-    /// # Errors
-    /// A classified [`RedisTierError`].
-    pub async fn remove_many(&self, keys: &[OffloadKey]) -> Result<u64> {
-        let mut removed = 0;
-        for key in keys {
-            removed += u64::from(self.remove(key).await?);
-        }
-        Ok(removed)
-    }
-
-    /// Answers PING: checks connectivity and credentials.
-    ///
-    /// # Errors
-    /// A classified [`RedisTierError`].
-    pub async fn ping(&self) -> Result<()> {
-        let _: String = self.query("PING", &redis::cmd("PING")).await?;
-        Ok(())
-    }
-
-    async fn query<T: redis::FromRedisValue>(
+    /// Sends a pipeline of one command per key of `chunk` (built by
+    /// `command`), and checks that every key got a reply.
+    async fn key_pipeline(
         &self,
         op: &'static str,
-        cmd: &redis::Cmd,
-    ) -> Result<T> {
-        self.bounded(op, async {
-            match &self.backend {
-                Backend::Single { .. } => {
-                    let mut conn = self.single().await?;
-                    cmd.query_async(&mut conn)
-                        .await
-                        .map_err(|e| self.err(op, e))
-                }
-                Backend::Cluster { .. } => {
-                    let mut conn = self.cluster().await?;
-                    cmd.query_async(&mut conn)
-                        .await
-                        .map_err(|e| self.err(op, e))
-                }
-            }
-        })
-        .await
+        target: &Target,
+        chunk: &[(usize, u16)],
+        mut command: impl FnMut(&mut Pipeline, usize),
+    ) -> Result<Vec<Value>> {
+        let mut pipe = Pipeline::with_capacity(chunk.len());
+        for &(pos, _) in chunk {
+            command(&mut pipe, pos);
+        }
+        let values = self
+            .conn
+            .pipeline(target, pipe, chunk.len())
+            .await
+            .map_err(|e| self.err(op, e))?;
+        if values.len() != chunk.len() {
+            return Err(self.unexpected(
+                op,
+                &format!("{} replies to {} commands", values.len(), chunk.len()),
+            ));
+        }
+        Ok(values)
     }
 }
 
@@ -936,79 +667,162 @@ fn exists_answers(mut values: Vec<Value>, keys: usize) -> Result<Vec<bool>, Stri
         .collect()
 }
 
-/// Parses a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id], replicas...], ...]`.
-fn parse_cluster_slots(reply: Value) -> Option<SlotMap> {
-    let Value::Array(entries) = reply else {
-        return None;
-    };
-    let mut masters: Vec<(String, u16, Option<lean::LeanPool>)> = Vec::new();
-    let mut ranges = Vec::new();
-    for entry in entries {
-        let Value::Array(fields) = entry else {
-            return None;
-        };
-        let mut fields = fields.into_iter();
-        let start = redis::from_redis_value::<i64>(fields.next()?).ok()?;
-        let end = redis::from_redis_value::<i64>(fields.next()?).ok()?;
-        let Value::Array(master) = fields.next()? else {
-            return None;
-        };
-        let mut master = master.into_iter();
-        let host = redis::from_redis_value::<String>(master.next()?).ok()?;
-        let port = u16::try_from(redis::from_redis_value::<i64>(master.next()?).ok()?).ok()?;
-        let idx = match masters.iter().position(|m| m.0 == host && m.1 == port) {
-            Some(i) => i,
-            None => {
-                masters.push((host, port, None));
-                masters.len() - 1
-            }
-        };
-        ranges.push((u16::try_from(start).ok()?, u16::try_from(end).ok()?, idx));
+/// A `GET` reply: the payload, or `None` for an absent key.
+fn payload(value: Value) -> Result<Option<Vec<u8>>, String> {
+    match value {
+        Value::Nil => Ok(None),
+        Value::BulkString(bytes) => Ok(Some(bytes)),
+        _ => Err("a GET answer that is neither a payload nor nil".to_owned()),
     }
-    ranges.sort_unstable();
-    Some(SlotMap { ranges, masters })
-}
-
-#[cold]
-fn unreachable_backend() -> ! {
-    unreachable!("backend checked by the caller")
 }
 
 /// Blocks are stored with `SET` (with `PX` when the configuration sets
 /// [`ttl_ms`](RedisConfig::ttl_ms)), loaded with `GET` and removed with
-/// `DEL`; `store_many` pipelines, per master on a cluster.
+/// `DEL`. The batched forms send one pipeline per chunk of
+/// [`pipeline_chunk`](RedisConfig::pipeline_chunk) keys (`MGET` on a single
+/// server), on a cluster per master with the masters in parallel; a chunk
+/// whose pipeline fails on a cluster, as during resharding, is done again
+/// key by key, following MOVED. Every call is bounded by the response
+/// timeout plus the connect timeout.
 impl BlockStore for RedisTier {
     async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
-        Ok(RedisTier::store(self, key, block, self.ttl()).await?)
+        let _: Value = self
+            .bounded("SET", self.query("SET", self.set_cmd(key, block)))
+            .await?;
+        Ok(())
     }
 
     async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
-        Ok(RedisTier::load(self, key).await?)
+        let value: Value = self
+            .bounded("GET", self.query("GET", self.key_cmd("GET", key)))
+            .await?;
+        Ok(payload(value).map_err(|detail| self.unexpected("GET", &detail))?)
     }
 
     async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
-        RedisTier::remove(self, key).await?;
+        let _: i64 = self
+            .bounded("DEL", self.query("DEL", self.key_cmd("DEL", key)))
+            .await?;
         Ok(())
     }
 
     async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
-        Ok(RedisTier::store_many(self, blocks, self.ttl()).await?)
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&OffloadKey> = blocks.iter().map(|(key, _)| key).collect();
+        self.bounded(
+            "SET pipeline",
+            self.per_shard(
+                "SET pipeline",
+                &keys,
+                |target, chunk| async move {
+                    self.key_pipeline("SET pipeline", &target, &chunk, |pipe, pos| {
+                        let (key, block) = &blocks[pos];
+                        pipe.add_command(self.set_cmd(key, block));
+                    })
+                    .await
+                    .map(|values| vec![(); values.len()])
+                },
+                |pos| async move {
+                    let (key, block) = &blocks[pos];
+                    let _: Value = self.query("SET", self.set_cmd(key, block)).await?;
+                    Ok(())
+                },
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn load_many(&self, keys: &[OffloadKey]) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<&OffloadKey> = keys.iter().collect();
+        let keys = &keys[..];
+        let payloads = |values: Vec<Value>| -> Result<Vec<Option<Vec<u8>>>> {
+            values
+                .into_iter()
+                .map(payload)
+                .collect::<Result<_, _>>()
+                .map_err(|detail| self.unexpected("GET pipeline", &detail))
+        };
+        Ok(self
+            .bounded(
+                "GET pipeline",
+                self.per_shard(
+                    "GET pipeline",
+                    keys,
+                    |target, chunk| async move {
+                        if !target.spans_slots() {
+                            let values = self
+                                .key_pipeline("GET pipeline", &target, &chunk, |pipe, pos| {
+                                    pipe.add_command(self.key_cmd("GET", keys[pos]));
+                                })
+                                .await?;
+                            return payloads(values);
+                        }
+                        // A single server: one MGET per chunk.
+                        let mut mget = redis::cmd("MGET");
+                        for &(pos, _) in &chunk {
+                            mget.arg(self.full_key(keys[pos]));
+                        }
+                        let mut pipe = Pipeline::with_capacity(1);
+                        pipe.add_command(mget);
+                        let values = self
+                            .conn
+                            .pipeline(&target, pipe, 1)
+                            .await
+                            .map_err(|e| self.err("MGET", e))?;
+                        match values.into_iter().next() {
+                            Some(Value::Array(values)) if values.len() == chunk.len() => {
+                                payloads(values)
+                            }
+                            _ => Err(self.unexpected("MGET", "not one answer per key")),
+                        }
+                    },
+                    |pos| async move {
+                        let value: Value =
+                            self.query("GET", self.key_cmd("GET", keys[pos])).await?;
+                        payload(value).map_err(|detail| self.unexpected("GET", &detail))
+                    },
+                ),
+            )
+            .await?)
     }
 
     async fn remove_many(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        RedisTier::remove_many(self, keys).await?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&OffloadKey> = keys.iter().collect();
+        let keys = &keys[..];
+        self.bounded(
+            "DEL pipeline",
+            self.per_shard(
+                "DEL pipeline",
+                keys,
+                |target, chunk| async move {
+                    self.key_pipeline("DEL pipeline", &target, &chunk, |pipe, pos| {
+                        pipe.add_command(self.key_cmd("DEL", keys[pos]));
+                    })
+                    .await
+                    .map(|values| vec![(); values.len()])
+                },
+                |pos| async move {
+                    let _: i64 = self.query("DEL", self.key_cmd("DEL", keys[pos])).await?;
+                    Ok(())
+                },
+            ),
+        )
+        .await?;
         Ok(())
     }
 
     /// Named `redis` unless `config` names it.
     fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
         config.or_named("redis")
-    }
-}
-
-impl RedisTier {
-    fn ttl(&self) -> Option<Duration> {
-        self.config.ttl_ms.map(Duration::from_millis)
     }
 }
 

@@ -5,7 +5,7 @@
 use kvtier_test_services as support;
 
 use kvtier_core::testkit::unique_keys;
-use kvtier_core::{ReqContext, Tier};
+use kvtier_core::{BlockStore, ReqContext, Tier};
 use kvtier_redis::{RedisConfig, RedisTier, RedisTierError};
 
 const SECRET: &str = "Sup3rSecret";
@@ -48,7 +48,7 @@ async fn everything_shown(config: RedisConfig) -> (String, String) {
     let keys = unique_keys(2, 36);
     let err = tier.exists_many(&keys).await.unwrap_err();
     shown += &format!("{err}\n{err:?}\n");
-    let err = tier.store(&keys[0], b"v", None).await.unwrap_err();
+    let err = BlockStore::store(&tier, &keys[0], b"v").await.unwrap_err();
     shown += &format!("{err}\n{err:?}\n");
     // What the lookup manager logs: the tier error's Display.
     let tier_err = tier

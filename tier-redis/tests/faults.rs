@@ -91,7 +91,7 @@ fn outage_and_recovery<S>(
         .step_by(2)
         .map(|k| (k.clone(), b"v".to_vec()))
         .collect();
-    rt.block_on(tier.store_many(&present, None)).unwrap();
+    rt.block_on(tier.store_many(&present)).unwrap();
     let mut m = tier.manager(manager_config()).unwrap();
     let expected: Vec<LookupVerdict> = (0..o.keys)
         .map(|i| {
@@ -125,7 +125,7 @@ fn outage_and_recovery<S>(
     // The restarted server keeps nothing on disk: store again.
     restart(server);
     let recovered = Instant::now();
-    while rt.block_on(tier.store_many(&present, None)).is_err() {
+    while rt.block_on(tier.store_many(&present)).is_err() {
         assert!(
             recovered.elapsed() < o.recover_within,
             "the tier did not reconnect"

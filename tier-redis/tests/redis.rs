@@ -6,7 +6,11 @@ use kvtier_test_services as support;
 use std::time::{Duration, Instant};
 
 use kvtier_core::testkit::unique_keys;
-use kvtier_core::{OffloadKey, ReqContext, Tier, TierErrorKind};
+use std::sync::Arc;
+
+use kvtier_core::{
+    BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Tier, TierErrorKind,
+};
 use kvtier_redis::{RedisConfig, RedisTier, RedisTierError};
 use support::PrivateServer;
 
@@ -40,17 +44,15 @@ async fn store_every(tier: &RedisTier, keys: &[OffloadKey], step: usize) {
         .step_by(step)
         .map(|k| (k.clone(), b"x".to_vec()))
         .collect();
-    tier.store_many(&present, None).await.unwrap();
+    tier.store_many(&present).await.unwrap();
 }
 
 #[tokio::test]
 async fn store_lookup_load_remove_round_trip() {
     for tier in tiers("store_lookup_load_remove_round_trip") {
         let keys = unique_keys(3, 36);
-        tier.store(&keys[0], b"zero", None).await.unwrap();
-        tier.store(&keys[1], &[0u8, 255, 0, 10, 13], None)
-            .await
-            .unwrap();
+        tier.store(&keys[0], b"zero").await.unwrap();
+        tier.store(&keys[1], &[0u8, 255, 0, 10, 13]).await.unwrap();
         assert_eq!(
             tier.exists_many(&keys).await.unwrap(),
             [true, true, false],
@@ -66,14 +68,15 @@ async fn store_lookup_load_remove_round_trip() {
             Some(&[0u8, 255, 0, 10, 13][..])
         );
         assert_eq!(tier.load(&keys[2]).await.unwrap(), None);
-        assert!(tier.store_nx(&keys[2], b"first", None).await.unwrap());
-        assert!(!tier.store_nx(&keys[2], b"second", None).await.unwrap());
+        assert!(tier.store_nx(&keys[2], b"first").await.unwrap());
+        assert!(!tier.store_nx(&keys[2], b"second").await.unwrap());
         assert_eq!(
             tier.load(&keys[2]).await.unwrap().as_deref(),
             Some(&b"first"[..])
         );
-        assert!(tier.remove(&keys[0]).await.unwrap());
-        assert!(!tier.remove(&keys[0]).await.unwrap());
+        tier.remove(&keys[0]).await.unwrap();
+        // Removal is idempotent.
+        tier.remove(&keys[0]).await.unwrap();
         assert_eq!(tier.exists_many(&keys).await.unwrap(), [false, true, true]);
     }
 }
@@ -94,7 +97,7 @@ async fn binary_keys_with_every_byte_value_are_distinct() {
             .step_by(2)
             .map(|k| (k.clone(), vec![k.as_bytes()[20]]))
             .collect();
-        tier.store_many(&present, None).await.unwrap();
+        tier.store_many(&present).await.unwrap();
         let found = tier.exists_many(&keys).await.unwrap();
         assert!(
             found.iter().enumerate().all(|(i, &f)| f == (i % 2 == 0)),
@@ -134,35 +137,158 @@ async fn lookups_without_the_lean_path_give_the_same_answers() {
 }
 
 #[tokio::test]
-async fn ttl_expires_keys() {
-    for tier in tiers("ttl_expires_keys") {
-        let keys = unique_keys(4, 36);
-        tier.store(&keys[0], b"short", Some(Duration::from_millis(150)))
-            .await
-            .unwrap();
-        tier.store(&keys[1], b"long", Some(Duration::from_secs(60)))
-            .await
-            .unwrap();
-        // The batched store honours the TTL too (pipelines, on a cluster per master).
+async fn ttl_ms_expires_every_stored_block() {
+    for long in tiers("ttl_ms_expires_every_stored_block") {
+        let short = RedisTier::new(RedisConfig {
+            ttl_ms: Some(150),
+            ..long.config().clone()
+        })
+        .unwrap();
+        let keys = unique_keys(5, 36);
+        short.store(&keys[0], b"short").await.unwrap();
+        long.store(&keys[1], b"kept").await.unwrap();
+        // The batched store and store_nx honour the TTL too (pipelines, on
+        // a cluster per master).
         let batch = [
             (keys[2].clone(), b"short".to_vec()),
             (keys[3].clone(), b"short".to_vec()),
         ];
-        tier.store_many(&batch, Some(Duration::from_millis(150)))
-            .await
-            .unwrap();
-        assert_eq!(
-            tier.exists_many(&keys).await.unwrap(),
-            [true, true, true, true]
-        );
+        short.store_many(&batch).await.unwrap();
+        assert!(short.store_nx(&keys[4], b"short").await.unwrap());
+        assert_eq!(long.exists_many(&keys).await.unwrap(), [true; 5]);
         let start = Instant::now();
-        while tier.exists_many(&keys).await.unwrap() != [false, true, false, false] {
+        while long.exists_many(&keys).await.unwrap() != [false, true, false, false, false] {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
-                "TTL never expired"
+                "TTL never expired: {}",
+                long.endpoint()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        long.remove(&keys[1]).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn batched_loads_and_removes_answer_per_position() {
+    for tier in tiers("batched_loads_and_removes_answer_per_position") {
+        // More keys than one chunk, on every master of a cluster.
+        let keys = unique_keys(1_200, 36);
+        let present: Vec<(OffloadKey, Vec<u8>)> = keys
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 != 1)
+            .map(|(i, k)| (k.clone(), i.to_le_bytes().to_vec()))
+            .collect();
+        tier.store_many(&present).await.unwrap();
+        let loaded = tier.load_many(&keys).await.unwrap();
+        assert_eq!(loaded.len(), keys.len());
+        for (i, block) in loaded.iter().enumerate() {
+            let expected = (i % 3 != 1).then(|| i.to_le_bytes().to_vec());
+            assert_eq!(block, &expected, "{}: key {i}", tier.endpoint());
+        }
+        assert!(tier.load_many(&[]).await.unwrap().is_empty());
+        // Remove every other key (present or not): the rest stay.
+        let removed: Vec<OffloadKey> = keys.iter().step_by(2).cloned().collect();
+        tier.remove_many(&removed).await.unwrap();
+        tier.remove_many(&[]).await.unwrap();
+        let found = tier.exists_many(&keys).await.unwrap();
+        for (i, &f) in found.iter().enumerate() {
+            assert_eq!(f, i % 2 == 1 && i % 3 != 1, "{}: key {i}", tier.endpoint());
+        }
+        tier.remove_many(&keys).await.unwrap();
+        assert!(tier.exists_many(&keys).await.unwrap().iter().all(|&f| !f));
+    }
+}
+
+/// Looks up `keys` through `m` for a fresh request until each has a verdict.
+fn manager_verdicts(
+    m: &mut kvtier_core::AsyncLookupManager<RedisTier>,
+    keys: &[OffloadKey],
+    req: &str,
+) -> Vec<LookupVerdict> {
+    let ctx = ReqContext::new(req);
+    let start = Instant::now();
+    loop {
+        let v: Vec<LookupVerdict> = keys.iter().map(|k| m.lookup(k, &ctx).unwrap()).collect();
+        if v.iter().all(|&v| v != LookupVerdict::Pending) {
+            m.cleanup(req);
+            return v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no verdict");
+        m.flush();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Issue 12 item 1: two tenants, each with its own tier instance and key
+/// prefix over the same server, store blocks under the same key bytes; each
+/// sees only its own blocks, through lookups, loads and a manager.
+#[test]
+fn tenants_with_their_own_prefix_see_only_their_own_blocks() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for base in tiers("tenants_with_their_own_prefix_see_only_their_own_blocks") {
+        let tenant = |name: &str| {
+            Arc::new(
+                RedisTier::new(RedisConfig {
+                    key_prefix: format!("kvtier-tenant-{name}:"),
+                    ..base.config().clone()
+                })
+                .unwrap(),
+            )
+        };
+        let (a, b) = (tenant("a"), tenant("b"));
+        let keys = unique_keys(4, 36);
+        // A holds keys 0 and 1, B holds keys 1 and 2 (key 1 with its own
+        // bytes); neither holds key 3.
+        rt.block_on(a.store_many(&[
+            (keys[0].clone(), b"a0".to_vec()),
+            (keys[1].clone(), b"a1".to_vec()),
+        ]))
+        .unwrap();
+        rt.block_on(b.store_many(&[
+            (keys[1].clone(), b"b1".to_vec()),
+            (keys[2].clone(), b"b2".to_vec()),
+        ]))
+        .unwrap();
+        let ctx = ReqContext::new("tenants");
+        assert_eq!(
+            rt.block_on(a.batch_lookup(&keys, &ctx)).unwrap(),
+            [true, true, false, false],
+            "{}",
+            base.endpoint()
+        );
+        assert_eq!(
+            rt.block_on(b.batch_lookup(&keys, &ctx)).unwrap(),
+            [false, true, true, false]
+        );
+        let blocks = |tier: &Arc<RedisTier>| -> Vec<Option<Vec<u8>>> {
+            rt.block_on(tier.load_many(&keys)).unwrap()
+        };
+        let some = |bytes: &[u8]| Some(bytes.to_vec());
+        assert_eq!(blocks(&a), [some(b"a0"), some(b"a1"), None, None]);
+        assert_eq!(blocks(&b), [None, some(b"b1"), some(b"b2"), None]);
+        assert_eq!(rt.block_on(b.load(&keys[0])).unwrap(), None);
+        use LookupVerdict::{Hit, Miss};
+        let mut ma = a.manager(ManagerConfig::default()).unwrap();
+        let mut mb = b.manager(ManagerConfig::default()).unwrap();
+        assert_eq!(
+            manager_verdicts(&mut ma, &keys, "r"),
+            [Hit, Hit, Miss, Miss]
+        );
+        assert_eq!(
+            manager_verdicts(&mut mb, &keys, "r"),
+            [Miss, Hit, Hit, Miss]
+        );
+        // Removing one tenant's blocks leaves the other's.
+        rt.block_on(a.remove_many(&keys)).unwrap();
+        assert_eq!(
+            rt.block_on(b.batch_lookup(&keys, &ctx)).unwrap(),
+            [false, true, true, false]
+        );
+        rt.block_on(b.remove_many(&keys)).unwrap();
+        ma.shutdown();
+        mb.shutdown();
     }
 }
 
@@ -263,6 +389,10 @@ async fn bad_configuration_is_a_typed_error() {
             tls_ca_cert: Some("/nonexistent/ca.pem".into()),
             ..RedisConfig::default()
         },
+        RedisConfig {
+            ttl_ms: Some(0),
+            ..RedisConfig::default()
+        },
     ] {
         assert!(matches!(
             RedisTier::new(config),
@@ -294,7 +424,7 @@ async fn tls_connections_verify_the_server_certificate() {
     })
     .unwrap();
     let keys = unique_keys(2, 36);
-    tier.store(&keys[0], b"over tls", None).await.unwrap();
+    tier.store(&keys[0], b"over tls").await.unwrap();
     assert_eq!(tier.exists_many(&keys).await.unwrap(), [true, false]);
     assert_eq!(
         tier.load(&keys[0]).await.unwrap().as_deref(),

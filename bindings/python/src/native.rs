@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use kvtier_core::OffloadKey;
+use kvtier_core::{BlockStore, OffloadKey};
 use kvtier_disk::DiskTier;
 use kvtier_redis::RedisTier;
 use kvtier_s3::{S3Config, S3Tier};
@@ -79,7 +79,7 @@ pub(crate) fn store(
     data: Vec<u8>,
 ) -> PyResult<()> {
     match native {
-        Native::Redis(t) => block_on(py, "redis store", t.store(key, &data, None)),
+        Native::Redis(t) => block_on(py, "redis store", BlockStore::store(t.as_ref(), key, &data)),
         Native::S3(t) => block_on(py, "s3 store", t.store(key, data)),
         Native::Disk(t) => py
             .allow_threads(|| t.store(key, &data))
@@ -90,7 +90,7 @@ pub(crate) fn store(
 
 pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<Option<Vec<u8>>> {
     match native {
-        Native::Redis(t) => block_on(py, "redis load", t.load(key)),
+        Native::Redis(t) => block_on(py, "redis load", BlockStore::load(t.as_ref(), key)),
         Native::S3(t) => block_on(py, "s3 load", t.load(key)),
         Native::Disk(t) => py
             .allow_threads(|| t.load(key))
@@ -101,7 +101,7 @@ pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResul
 
 pub(crate) fn remove(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<()> {
     match native {
-        Native::Redis(t) => block_on(py, "redis remove", t.remove(key)).map(drop),
+        Native::Redis(t) => block_on(py, "redis remove", BlockStore::remove(t.as_ref(), key)),
         Native::S3(t) => block_on(py, "s3 remove", t.remove(key)),
         Native::Disk(t) => py
             .allow_threads(|| t.remove(key))

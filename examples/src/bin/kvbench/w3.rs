@@ -78,7 +78,7 @@ fn w3_one(
     let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, KEY_LEN)).collect();
     let blocks: Vec<(OffloadKey, Vec<u8>)> =
         preload.iter().map(|k| (k.clone(), b"x".to_vec())).collect();
-    rt.block_on(tier.store_many(&blocks, None))?;
+    rt.block_on(kvtier_core::BlockStore::store_many(tier.as_ref(), &blocks))?;
     let config = ManagerConfig {
         call_timeout_ms: 5_000,
         // The throughput run issues every step at once: room for all of
@@ -252,7 +252,7 @@ fn w3_one(
     let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
     verdict_errors += errors;
     // Leave the server as it was (the run's names are unique to it).
-    rt.block_on(tier.remove_many(&preload))?;
+    rt.block_on(kvtier_core::BlockStore::remove_many(tier.as_ref(), &preload))?;
     let stats = m.stats();
     let wide_stats = wide.stats();
     m.shutdown();

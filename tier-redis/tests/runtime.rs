@@ -1,0 +1,169 @@
+//! Runtime safety (issue 12 item 2): stores and lookups made from a tokio
+//! runtime that is then dropped must not leave the tier's connections on a
+//! dead driver. The lookup manager's worker, on a runtime of its own, must
+//! still answer exactly: single node with and without the lean path, and a
+//! cluster.
+
+use kvtier_test_services as support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvtier_core::testkit::unique_keys;
+use kvtier_core::{
+    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Tier,
+};
+use kvtier_redis::{RedisConfig, RedisTier};
+
+fn configs(test: &str) -> Vec<(&'static str, RedisConfig)> {
+    let mut configs = Vec::new();
+    let prefix = "kvtier-runtime:".to_owned();
+    if let Some(url) = support::service("KVTIER_REDIS_URL", test) {
+        let single = RedisConfig {
+            key_prefix: prefix.clone(),
+            ..RedisConfig::from_url(url)
+        };
+        configs.push((
+            "single, redis-rs",
+            RedisConfig {
+                lean_pipelines: false,
+                ..single.clone()
+            },
+        ));
+        configs.push(("single, lean", single));
+    }
+    if let Some(urls) = support::service("KVTIER_REDIS_CLUSTER_URLS", test) {
+        configs.push((
+            "cluster",
+            RedisConfig {
+                key_prefix: prefix,
+                ..RedisConfig::cluster(urls.split(','))
+            },
+        ));
+    }
+    configs
+}
+
+/// Looks up `keys` for a fresh request until every key has a verdict.
+fn verdicts(
+    m: &mut AsyncLookupManager<RedisTier>,
+    keys: &[OffloadKey],
+    req: &str,
+) -> Vec<LookupVerdict> {
+    let ctx = ReqContext::new(req);
+    let start = Instant::now();
+    loop {
+        let v: Vec<LookupVerdict> = keys.iter().map(|k| m.lookup(k, &ctx).unwrap()).collect();
+        if v.iter().all(|&v| v != LookupVerdict::Pending) {
+            m.cleanup(req);
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no verdict within 20 s"
+        );
+        m.flush();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A runtime that lives for one block of work, as a request handler's or a
+/// binding's may.
+fn short_lived_runtime(multi_thread: bool) -> tokio::runtime::Runtime {
+    if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+}
+
+#[test]
+fn stores_from_a_dropped_runtime_then_manager_lookups_answer_exactly() {
+    let mut failures = Vec::new();
+    for (name, config) in configs("stores_from_a_dropped_runtime_then_manager_lookups") {
+        for multi_thread in [false, true] {
+            let tier = Arc::new(RedisTier::new(config.clone()).unwrap());
+            let keys = unique_keys(300, 36);
+            let present: Vec<(OffloadKey, Vec<u8>)> = keys
+                .iter()
+                .step_by(2)
+                .map(|k| (k.clone(), b"block".to_vec()))
+                .collect();
+            let expected: Vec<LookupVerdict> = (0..keys.len())
+                .map(|i| {
+                    if i % 2 == 0 {
+                        LookupVerdict::Hit
+                    } else {
+                        LookupVerdict::Miss
+                    }
+                })
+                .collect();
+            {
+                // The first calls, so every connection (redis-rs's and the
+                // lean path's) is made here, then the runtime goes.
+                let rt = short_lived_runtime(multi_thread);
+                rt.block_on(tier.store_many(&present)).unwrap();
+                let found = rt
+                    .block_on(tier.batch_lookup(&keys, &ReqContext::new("warm")))
+                    .unwrap();
+                assert_eq!(found.iter().filter(|&&f| f).count(), present.len());
+            }
+            let mut m = tier
+                .manager(ManagerConfig {
+                    call_timeout_ms: 5_000,
+                    ..ManagerConfig::default()
+                })
+                .unwrap();
+            let case = format!("{name}, multi-thread runtime {multi_thread}");
+            let wrong = verdicts(&mut m, &keys, "after")
+                .iter()
+                .zip(&expected)
+                .filter(|(got, want)| got != want)
+                .count();
+            let stats = m.stats();
+            if wrong > 0 || stats.errors > 0 || stats.timeouts > 0 {
+                failures.push(format!(
+                    "{case}: {wrong} of {} verdicts wrong, {} errors, {} timeouts, first error {:?}",
+                    keys.len(),
+                    stats.errors,
+                    stats.timeouts,
+                    stats.first_error
+                ));
+                continue;
+            }
+            // Loads and removes from yet another runtime work too.
+            let rt = short_lived_runtime(multi_thread);
+            assert_eq!(
+                rt.block_on(tier.load(&keys[0])).unwrap().as_deref(),
+                Some(&b"block"[..]),
+                "{name}"
+            );
+            let removed: Vec<OffloadKey> = present.iter().map(|(k, _)| k.clone()).collect();
+            rt.block_on(tier.remove_many(&removed)).unwrap();
+            drop(rt);
+            assert!(
+                verdicts(&mut m, &keys, "removed")
+                    .iter()
+                    .all(|&v| v == LookupVerdict::Miss),
+                "{name}"
+            );
+            // The lean path never had to give up: its connections did not
+            // die with the runtime.
+            assert_eq!(
+                tier.pipeline_stats().fallbacks,
+                0,
+                "{name}: {:?}",
+                tier.pipeline_stats()
+            );
+            m.shutdown();
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
