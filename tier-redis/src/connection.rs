@@ -18,9 +18,10 @@
 //! `block_on`) would keep its connections there after that runtime is gone,
 //! and the lookup manager's worker would be left on a connection whose
 //! driver is dead: every lookup an error. So every connection is made on
-//! [`Io`], a one-thread runtime the tier starts with itself and stops,
-//! without waiting, when it drops. Callers on any runtime use those
-//! connections through channels and wakers. Commands on the single server's
+//! [`Io`]: a one-thread runtime the tier starts with itself and stops,
+//! without waiting, when it drops, or a runtime the caller passes in (a
+//! [`Spawner`], which may be the one its lookup managers share). Callers on
+//! any runtime use those connections through channels and wakers. Commands on the single server's
 //! `ConnectionManager` run on [`Io`] too, so its reconnections do; a
 //! cluster connection reconnects inside its own driver task, already there.
 
@@ -30,9 +31,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use kvtier_core::Spawner;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, Value};
-use tokio::runtime::{Handle, Runtime};
+use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 
@@ -40,53 +42,38 @@ use crate::cluster::Cluster;
 use crate::lean::LeanPool;
 use kvtier_core::OffloadKey;
 
-/// The tier's own I/O runtime: one worker thread, on which every
-/// connection is made and driven.
+/// The runtime every connection is made and driven on: by default one
+/// the tier starts (a [`Spawner::dedicated`] thread, stopped without
+/// blocking when the tier drops), or the caller's ([`RedisTier::with_spawner`](crate::RedisTier::with_spawner)).
 pub(crate) struct Io {
-    handle: Handle,
-    /// Taken in `drop`, to stop it without blocking (a tier may be dropped
-    /// inside another runtime).
-    runtime: Option<Runtime>,
+    spawner: Spawner,
 }
 
 impl Io {
-    /// Starts the runtime's thread.
-    pub(crate) fn start() -> std::io::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("kvtier-redis-io")
-            .enable_all()
-            .build()?;
-        Ok(Self {
-            handle: runtime.handle().clone(),
-            runtime: Some(runtime),
-        })
+    /// On `spawner`'s runtime.
+    pub(crate) fn new(spawner: Spawner) -> Self {
+        Self { spawner }
     }
 
-    /// Runs `fut` on the I/O runtime; dropping the returned future aborts it.
+    /// Runs `fut` on the I/O runtime; dropping the returned future aborts
+    /// it. If that runtime has shut down (a caller's runtime dropped
+    /// before the tier), the call fails as a dropped connection.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         fut: impl Future<Output = RedisResult<T>> + Send + 'static,
     ) -> RedisResult<T> {
-        match AbortOnDrop(self.handle.spawn(fut)).await {
+        match AbortOnDrop(self.handle().spawn(fut)).await {
             Ok(result) => result,
-            Err(e) => Err(RedisError::from(std::io::Error::other(format!(
-                "the tier's I/O task ended: {e}"
-            )))),
+            Err(e) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                format!("the tier's I/O runtime ended the task: {e}"),
+            ))),
         }
     }
 
     /// The runtime's handle.
     pub(crate) fn handle(&self) -> &Handle {
-        &self.handle
-    }
-}
-
-impl Drop for Io {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
+        self.spawner.handle()
     }
 }
 

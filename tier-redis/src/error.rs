@@ -22,7 +22,7 @@ pub enum RedisTierError {
     Runtime {
         /// Why.
         #[source]
-        source: std::io::Error,
+        source: kvtier_core::ManagerError,
     },
     /// The server refused the credentials.
     #[error("{endpoint}: authentication failed during {op}")]

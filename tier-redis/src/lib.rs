@@ -32,9 +32,10 @@
 //!
 //! - **Any runtime.** Connections are made and driven on a one-thread I/O
 //!   runtime the tier starts with itself (and stops, without waiting, when
-//!   dropped), so stores from a short-lived runtime never leave the lookup
-//!   manager's worker on a connection whose driver is gone. Callers may use
-//!   the tier from any tokio runtime.
+//!   dropped), or on a [`Spawner`] the caller passes
+//!   ([`RedisTier::with_spawner`]), so stores from a short-lived runtime
+//!   never leave the lookup manager's worker on a connection whose driver is
+//!   gone. Callers may use the tier from any tokio runtime.
 //! - **One store interface.** Blocks are stored, loaded and removed through
 //!   [`BlockStore`]: `SET` (with `PX` when
 //!   [`RedisConfig::ttl_ms`] is set), `GET` and `DEL`, and the batched forms
@@ -102,7 +103,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError};
+use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier, TierError};
 use redis::{Client, IntoConnectionInfo, Pipeline, Value};
 
 use crate::cluster::Cluster;
@@ -146,12 +147,31 @@ type Result<T, E = RedisTierError> = std::result::Result<T, E>;
 
 impl RedisTier {
     /// Builds the tier from `config` and starts its I/O runtime (one
-    /// thread), without connecting yet.
+    /// thread, `kvtier-redis-io`), without connecting yet.
     ///
     /// # Errors
     /// [`RedisTierError::InvalidConfig`] for a bad field, URL or CA file;
     /// [`RedisTierError::Runtime`] when the I/O thread cannot start.
     pub fn new(config: RedisConfig) -> Result<Self> {
+        config.validate()?;
+        let spawner = Spawner::dedicated("kvtier-redis-io", 1)
+            .map_err(|source| RedisTierError::Runtime { source })?;
+        Self::with_spawner(config, &spawner)
+    }
+
+    /// Builds the tier from `config`, its connections made and driven on
+    /// `spawner`'s runtime instead of one of its own: the one the lookup
+    /// managers share (one thread for a whole stack and its Redis I/O), or
+    /// the caller's ([`Spawner::from_handle`]).
+    ///
+    /// A caller's runtime must outlive the tier's use: once it shuts down,
+    /// every call fails as [`RedisTierError::Unavailable`]. A caller's
+    /// current-thread runtime must be driven (see [`Spawner`]) or calls
+    /// wait until their timeout.
+    ///
+    /// # Errors
+    /// [`RedisTierError::InvalidConfig`] for a bad field, URL or CA file.
+    pub fn with_spawner(config: RedisConfig, spawner: &Spawner) -> Result<Self> {
         config.validate()?;
         // rustls needs a process-wide crypto provider; install ring unless
         // the application installed one already (then this is a no-op).
@@ -170,7 +190,7 @@ impl RedisTier {
         };
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let response_timeout = Duration::from_millis(config.response_timeout_ms);
-        let io = Io::start().map_err(|source| RedisTierError::Runtime { source })?;
+        let io = Io::new(spawner.clone());
         let (endpoint, conn) = if config.is_cluster() {
             let mut builder =
                 redis::cluster::ClusterClientBuilder::new(config.cluster_urls.clone())

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use kvtier_core::testkit::unique_keys;
 use kvtier_core::{
-    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Tier,
+    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Spawner,
+    Tier,
 };
 use kvtier_redis::{RedisConfig, RedisTier};
 
@@ -166,4 +167,59 @@ fn stores_from_a_dropped_runtime_then_manager_lookups_answer_exactly() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// One spawner for the lookup manager and the tier's connections: one
+/// thread for both, and stores from a dropped runtime still leave exact
+/// lookups.
+#[test]
+fn one_shared_spawner_drives_the_manager_and_the_connections() {
+    for (name, config) in configs("one_shared_spawner_drives_the_manager_and_the_connections") {
+        let spawner = Spawner::dedicated("kvtier-test-redis", 1).unwrap();
+        let tier = Arc::new(RedisTier::with_spawner(config, &spawner).unwrap());
+        let keys = unique_keys(100, 36);
+        let present: Vec<(OffloadKey, Vec<u8>)> = keys
+            .iter()
+            .step_by(3)
+            .map(|k| (k.clone(), b"block".to_vec()))
+            .collect();
+        short_lived_runtime(false)
+            .block_on(tier.store_many(&present))
+            .unwrap();
+        let mut m = tier.manager_on(ManagerConfig::default(), &spawner).unwrap();
+        let verdicts = verdicts(&mut m, &keys, "shared");
+        for (i, v) in verdicts.iter().enumerate() {
+            let expected = if i % 3 == 0 {
+                LookupVerdict::Hit
+            } else {
+                LookupVerdict::Miss
+            };
+            assert_eq!(*v, expected, "{name}: key {i}: {:?}", m.stats());
+        }
+        short_lived_runtime(true)
+            .block_on(tier.remove_many(&keys))
+            .unwrap();
+        m.shutdown();
+    }
+}
+
+/// Connections on the caller's runtime ([`Spawner::from_handle`]): once
+/// that runtime is gone, calls are typed transient errors, never a panic
+/// or a hang.
+#[test]
+fn calls_after_the_callers_runtime_is_gone_are_typed_errors() {
+    for (name, config) in configs("calls_after_the_callers_runtime_is_gone_are_typed_errors") {
+        let rt = short_lived_runtime(true);
+        let tier =
+            RedisTier::with_spawner(config, &Spawner::from_handle(rt.handle().clone())).unwrap();
+        let keys = unique_keys(10, 36);
+        rt.block_on(tier.store(&keys[0], b"block")).unwrap();
+        assert!(rt.block_on(tier.exists_many(&keys)).unwrap()[0]);
+        drop(rt);
+        let other = short_lived_runtime(false);
+        let err = other.block_on(tier.exists_many(&keys)).unwrap_err();
+        assert!(err.tier_kind().is_transient(), "{name}: {err:?}");
+        let err = other.block_on(tier.load(&keys[0])).unwrap_err();
+        assert!(err.kind().is_transient(), "{name}: {err:?}");
+    }
 }
