@@ -29,7 +29,6 @@
 //!   typed error (timeout, unavailable, auth, cluster down) that the lookup
 //!   manager counts as an error, not a miss.
 //! - **Credentials** never appear in errors, logs or `Debug` output.
-//!
 //! - **Any runtime.** Connections are made and driven on a one-thread I/O
 //!   runtime the tier starts with itself (and stops, without waiting, when
 //!   dropped), or on a [`Spawner`] the caller passes
@@ -37,10 +36,9 @@
 //!   never leave the lookup manager's worker on a connection whose driver is
 //!   gone. Callers may use the tier from any tokio runtime.
 //! - **One store interface.** Blocks are stored, loaded and removed through
-//!   [`BlockStore`]: `SET` (with `PX` when
-//!   [`RedisConfig::ttl_ms`] is set), `GET` and `DEL`, and the batched forms
-//!   in one pipeline per chunk (per master on a cluster; `MGET` on a single
-//!   server). Redis-only extras: [`RedisTier::store_nx`],
+//!   [`BlockStore`]: `SET` (with `PX` when [`RedisConfig::ttl_ms`] is set),
+//!   `GET` and `DEL`, and the batched forms in one pipeline per chunk (per
+//!   master on a cluster; `MGET` on a single server). Redis-only extras: [`RedisTier::store_nx`],
 //!   [`RedisTier::exists_many`], [`RedisTier::ping`].
 //!
 //! To keep tenants apart, give each tenant its own tier instance with its
