@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use kvtier_core::OffloadKey;
+use kvtier_core::{BlockStore, OffloadKey};
 use kvtier_disk::DiskTier;
 use kvtier_redis::RedisTier;
 use kvtier_s3::{S3Config, S3Tier};
@@ -80,7 +80,7 @@ pub(crate) fn store(
 ) -> PyResult<()> {
     match native {
         Native::Redis(t) => block_on(py, "redis store", t.store(key, &data, None)),
-        Native::S3(t) => block_on(py, "s3 store", t.store(key, data)),
+        Native::S3(t) => block_on(py, "s3 store", BlockStore::store(&**t, key, &data)),
         Native::Disk(t) => py
             .allow_threads(|| t.store(key, &data))
             .map_err(|e| TierError::new_err(format!("disk store failed: {e}"))),
@@ -91,7 +91,7 @@ pub(crate) fn store(
 pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<Option<Vec<u8>>> {
     match native {
         Native::Redis(t) => block_on(py, "redis load", t.load(key)),
-        Native::S3(t) => block_on(py, "s3 load", t.load(key)),
+        Native::S3(t) => block_on(py, "s3 load", BlockStore::load(&**t, key)),
         Native::Disk(t) => py
             .allow_threads(|| t.load(key))
             .map_err(|e| TierError::new_err(format!("disk load failed: {e}"))),
@@ -102,7 +102,7 @@ pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResul
 pub(crate) fn remove(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<()> {
     match native {
         Native::Redis(t) => block_on(py, "redis remove", t.remove(key)).map(drop),
-        Native::S3(t) => block_on(py, "s3 remove", t.remove(key)),
+        Native::S3(t) => block_on(py, "s3 remove", BlockStore::remove(&**t, key)),
         Native::Disk(t) => py
             .allow_threads(|| t.remove(key))
             .map(drop)
