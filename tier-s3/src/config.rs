@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 
 use crate::S3TierError;
 
-/// Where and how an [`S3Tier`] stores blocks.
+/// Where and how an [`S3Tier`](crate::S3Tier) stores blocks.
 ///
 /// ```toml
 /// bucket = "kv-cache"
@@ -18,6 +18,7 @@ use crate::S3TierError;
 /// endpoint = "http://127.0.0.1:9000"   # omit for AWS S3
 /// force_path_style = true              # MinIO, Ceph, Garage, s3s
 /// max_concurrent_requests = 64
+/// io_threads = 2
 /// ```
 ///
 /// `Debug` never shows the secret key or session token.
@@ -64,6 +65,10 @@ pub struct S3Config {
     /// tier runs turns lookups into configuration errors, not silent misses.
     /// 0 checks after every batch with a miss. Default 1000.
     pub bucket_recheck_ms: u64,
+    /// Worker threads of the runtime that [`S3Tier::new`](crate::S3Tier::new)
+    /// starts for the tier's requests (ignored by
+    /// [`S3Tier::with_runtime`](crate::S3Tier::with_runtime)). Default 2.
+    pub io_threads: usize,
 }
 
 impl Default for S3Config {
@@ -83,6 +88,7 @@ impl Default for S3Config {
             max_attempts: 3,
             credentials_from_aws_chain: true,
             bucket_recheck_ms: 1000,
+            io_threads: 2,
         }
     }
 }
@@ -112,6 +118,12 @@ impl S3Config {
         }
         if self.max_concurrent_requests == 0 {
             return bad("max_concurrent_requests", "must be at least 1");
+        }
+        if !(1..=MAX_IO_THREADS).contains(&self.io_threads) {
+            return Err(S3TierError::InvalidConfig {
+                field: "io_threads",
+                reason: format!("must be from 1 to {MAX_IO_THREADS}"),
+            });
         }
         if self.max_attempts == 0 {
             return bad("max_attempts", "must be at least 1");
@@ -215,9 +227,13 @@ impl fmt::Debug for S3Config {
                 &self.credentials_from_aws_chain,
             )
             .field("bucket_recheck_ms", &self.bucket_recheck_ms)
+            .field("io_threads", &self.io_threads)
             .finish()
     }
 }
+
+/// Most threads an S3 tier's own runtime may start.
+const MAX_IO_THREADS: usize = 256;
 
 /// Longest duration a `*_ms` field may add up to (the lookup manager's limit).
 pub(crate) const MAX_DURATION_MS: u64 = ManagerConfig::MAX_DURATION_MS;

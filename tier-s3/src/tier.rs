@@ -1,5 +1,5 @@
-//! [`S3Tier`]: lookups, stores, loads and removes as S3 requests under a
-//! shared concurrency limit.
+//! [`S3Tier`]: lookups, stores, loads and removes as S3 requests, each run
+//! on the tier's I/O runtime under a shared concurrency limit.
 
 use std::fmt;
 use std::future::Future;
@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::{endpoint_password, redact_endpoint};
 use crate::error::{self, ErrorContext, ResponseClass, classify_response};
+use crate::spawn::IoRuntime;
 use crate::{S3Config, S3TierError, client};
 
 /// Request counters of an [`S3Tier`].
@@ -32,6 +33,8 @@ pub struct S3Stats {
 /// An S3 tier; see the crate documentation.
 pub struct S3Tier {
     client: aws_sdk_s3::Client,
+    /// Where every request runs (see [`spawn`](crate::spawn)).
+    io: IoRuntime,
     config: S3Config,
     endpoint: String,
     limit: Arc<Semaphore>,
@@ -95,24 +98,60 @@ fn response_class<E: ProvideErrorMetadata>(
 }
 
 impl S3Tier {
-    /// Builds the client (credentials from `config` or the AWS chain).
-    /// Does not contact the server; the bucket is checked by the first
-    /// request, or at once by [`check`](Self::check).
+    /// Builds the client (credentials from `config` or the AWS chain) and
+    /// starts the runtime its requests run on (`io_threads` threads, shut
+    /// down without blocking when the tier drops). Does not contact the
+    /// server; the bucket is checked by the first request, or at once by
+    /// [`check`](Self::check).
+    ///
+    /// Requests run on that runtime whatever runtime calls the tier, so a
+    /// store from a short-lived runtime never leaves a connection behind
+    /// that later lookups would wait on.
     ///
     /// # Errors
     /// [`S3TierError::InvalidConfig`] for a field out of range, an endpoint
     /// that is not an http(s) URL, or a region (from `config` or the AWS
-    /// chain) or credential with a control character.
+    /// chain) or credential with a control character;
+    /// [`S3TierError::Other`] if the runtime's threads cannot start.
     pub async fn new(config: S3Config) -> Result<Self> {
         config.validate()?;
+        let io = IoRuntime::start(config.io_threads).map_err(|e| S3TierError::Other {
+            bucket: config.bucket.clone(),
+            endpoint: endpoint_shown(&config),
+            op: "starting the I/O runtime",
+            detail: e.to_string(),
+        })?;
+        Self::build(config, io).await
+    }
+
+    /// As [`new`](Self::new), but the requests run on `runtime`, which the
+    /// caller owns and keeps running for as long as it uses the tier
+    /// (`io_threads` is ignored). Once `runtime` shuts down, requests fail
+    /// with [`S3TierError::Unavailable`].
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub async fn with_runtime(config: S3Config, runtime: tokio::runtime::Handle) -> Result<Self> {
+        config.validate()?;
+        Self::build(config, IoRuntime::on(runtime)).await
+    }
+
+    async fn build(config: S3Config, io: IoRuntime) -> Result<Self> {
         let endpoint = endpoint_shown(&config);
-        let client = client::build(&config).await?;
+        // On the I/O runtime too: the AWS chain's providers may open
+        // connections of their own.
+        let building = config.clone();
+        let client = io
+            .run(async move { client::build(&building).await })
+            .await
+            .map_err(|e| runtime_failed(&config, &endpoint, "building the client", &e))??;
         let endpoint_secret = config
             .endpoint
             .as_deref()
             .and_then(|e| endpoint_password(e).map(|(from, to)| e[from..to].to_owned()));
         Ok(Self {
             client,
+            io,
             limit: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             write_limit: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             endpoint,
@@ -154,9 +193,16 @@ impl S3Tier {
         }
     }
 
-    /// Runs one request.
-    async fn send<T>(&self, _op: &'static str, request: impl Future<Output = T>) -> Result<T> {
-        Ok(request.await)
+    /// Runs one request on the I/O runtime; cancelled with the returned future.
+    async fn send<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        request: impl Future<Output = T> + Send + 'static,
+    ) -> Result<T> {
+        self.io
+            .run(request)
+            .await
+            .map_err(|e| runtime_failed(&self.config, &self.endpoint, op, &e))
     }
 
     /// Classifies an SDK error at the boundary ([`error::from_sdk`]), and
@@ -427,6 +473,33 @@ fn endpoint_shown(config: &S3Config) -> String {
         .endpoint
         .as_deref()
         .map_or_else(|| "aws-s3".to_owned(), redact_endpoint)
+}
+
+/// A request that did not finish on the I/O runtime: the runtime (the
+/// caller's, for [`S3Tier::with_runtime`]) shut down, or the request panicked.
+fn runtime_failed(
+    config: &S3Config,
+    endpoint: &str,
+    op: &'static str,
+    err: &tokio::task::JoinError,
+) -> S3TierError {
+    let bucket = config.bucket.clone();
+    let endpoint = endpoint.to_owned();
+    if err.is_panic() {
+        S3TierError::Other {
+            bucket,
+            endpoint,
+            op,
+            detail: "the request panicked".to_owned(),
+        }
+    } else {
+        S3TierError::Unavailable {
+            bucket,
+            endpoint,
+            op,
+            detail: "the runtime of the tier's requests has shut down".to_owned(),
+        }
+    }
 }
 
 /// The one way to store, load and remove blocks: objects named by
