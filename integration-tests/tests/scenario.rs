@@ -168,7 +168,7 @@ impl Tiers {
             .into_iter()
             .map(|k| (k.clone(), k.as_bytes().to_vec()))
             .collect();
-        rt.block_on(self.s3.store_many(s3_blocks)).unwrap();
+        rt.block_on(self.s3.store_many(&s3_blocks)).unwrap();
     }
 
     fn populate_redis(&self, rt: &tokio::runtime::Runtime, world: &World) {

@@ -80,7 +80,7 @@ pub(crate) fn store(
 ) -> PyResult<()> {
     match native {
         Native::Redis(t) => block_on(py, "redis store", BlockStore::store(t.as_ref(), key, &data)),
-        Native::S3(t) => block_on(py, "s3 store", t.store(key, data)),
+        Native::S3(t) => block_on(py, "s3 store", BlockStore::store(&**t, key, &data)),
         Native::Disk(t) => py
             .allow_threads(|| t.store(key, &data))
             .map_err(|e| TierError::new_err(format!("disk store failed: {e}"))),
@@ -91,7 +91,7 @@ pub(crate) fn store(
 pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<Option<Vec<u8>>> {
     match native {
         Native::Redis(t) => block_on(py, "redis load", BlockStore::load(t.as_ref(), key)),
-        Native::S3(t) => block_on(py, "s3 load", t.load(key)),
+        Native::S3(t) => block_on(py, "s3 load", BlockStore::load(&**t, key)),
         Native::Disk(t) => py
             .allow_threads(|| t.load(key))
             .map_err(|e| TierError::new_err(format!("disk load failed: {e}"))),
@@ -102,7 +102,7 @@ pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResul
 pub(crate) fn remove(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<()> {
     match native {
         Native::Redis(t) => block_on(py, "redis remove", BlockStore::remove(t.as_ref(), key)),
-        Native::S3(t) => block_on(py, "s3 remove", t.remove(key)),
+        Native::S3(t) => block_on(py, "s3 remove", BlockStore::remove(&**t, key)),
         Native::Disk(t) => py
             .allow_threads(|| t.remove(key))
             .map(drop)

@@ -252,7 +252,10 @@ fn w3_one(
     let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
     verdict_errors += errors;
     // Leave the server as it was (the run's names are unique to it).
-    rt.block_on(kvtier_core::BlockStore::remove_many(tier.as_ref(), &preload))?;
+    rt.block_on(kvtier_core::BlockStore::remove_many(
+        tier.as_ref(),
+        &preload,
+    ))?;
     let stats = m.stats();
     let wide_stats = wide.stats();
     m.shutdown();

@@ -45,7 +45,9 @@ pub(crate) fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
     };
     let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, 36)).collect();
     let loader = rt.block_on(kvtier_s3::S3Tier::new(base.clone()))?;
-    rt.block_on(loader.store_many(preload.iter().map(|k| (k.clone(), vec![0u8; 64])).collect()))?;
+    let blocks: Vec<(OffloadKey, Vec<u8>)> =
+        preload.iter().map(|k| (k.clone(), vec![0u8; 64])).collect();
+    rt.block_on(kvtier_core::BlockStore::store_many(&loader, &blocks))?;
     let names: Vec<String> = preload.iter().map(|k| loader.object_name(k)).collect();
 
     let mut lines = Vec::new();
