@@ -82,7 +82,7 @@ pub(crate) fn store(
         Native::Redis(t) => block_on(py, "redis store", t.store(key, &data, None)),
         Native::S3(t) => block_on(py, "s3 store", t.store(key, data)),
         Native::Disk(t) => py
-            .allow_threads(|| t.store(key, &data))
+            .allow_threads(|| t.store_blocking(key, &data))
             .map_err(|e| TierError::new_err(format!("disk store failed: {e}"))),
         Native::None => Ok(()),
     }
@@ -93,7 +93,7 @@ pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResul
         Native::Redis(t) => block_on(py, "redis load", t.load(key)),
         Native::S3(t) => block_on(py, "s3 load", t.load(key)),
         Native::Disk(t) => py
-            .allow_threads(|| t.load(key))
+            .allow_threads(|| t.load_blocking(key))
             .map_err(|e| TierError::new_err(format!("disk load failed: {e}"))),
         Native::None => Ok(None),
     }
@@ -104,7 +104,7 @@ pub(crate) fn remove(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyRes
         Native::Redis(t) => block_on(py, "redis remove", t.remove(key)).map(drop),
         Native::S3(t) => block_on(py, "s3 remove", t.remove(key)),
         Native::Disk(t) => py
-            .allow_threads(|| t.remove(key))
+            .allow_threads(|| t.remove_blocking(key))
             .map(drop)
             .map_err(|e| TierError::new_err(format!("disk remove failed: {e}"))),
         Native::None => Ok(()),

@@ -37,7 +37,7 @@ fn fill_disk(path: &std::path::Path, n: u64) -> Result<(), Failure> {
         ..disk_config(path, FsyncPolicy::Never)
     })?;
     for i in 0..n {
-        tier.store(&key_from_id(i, 36), &i.to_le_bytes().repeat(2))?;
+        tier.store_blocking(&key_from_id(i, 36), &i.to_le_bytes().repeat(2))?;
     }
     tier.close()?;
     Ok(())
@@ -159,7 +159,7 @@ pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
         let tier = DiskTier::open(disk_config(dir.path(), fsync))?;
         let t = Instant::now();
         for i in 0..payloads {
-            tier.store(&key_from_id(i as u64, 36), &block)?;
+            tier.store_blocking(&key_from_id(i as u64, 36), &block)?;
         }
         tier.sync()?;
         store_rates.push(mb / t.elapsed().as_secs_f64());
