@@ -338,3 +338,109 @@ fn fsync_always_round_trips_across_segment_rolls() {
         );
     }
 }
+
+/// The batched forms (through the trait and the blocking API): a later
+/// block of a repeated key wins, absent keys load as `None`, a repeated
+/// removal removes once, and a reopen from the records alone (the index
+/// deleted) agrees: every record a batch wrote is in the segments.
+#[tokio::test]
+async fn batched_store_load_remove_round_trip_and_survive_a_rebuild() {
+    use kvtier_core::BlockStore;
+    let dir = tempfile::tempdir().unwrap();
+    let config = DiskConfig {
+        fsync: FsyncPolicy::Always,
+        ..small(dir.path())
+    };
+    {
+        let tier = DiskTier::open(config.clone()).unwrap();
+        let mut blocks: Vec<(OffloadKey, Vec<u8>)> =
+            (0..50).map(|i| (key(i), payload(i, 0, 700))).collect();
+        blocks.push((key(7), b"later".to_vec()));
+        tier.store_many(&blocks).await.unwrap();
+        assert_eq!(tier.stats().stores, 51);
+        assert_eq!(tier.len(), 50);
+        let keys: Vec<OffloadKey> = (0..55).map(key).collect();
+        let loaded = tier.load_many(&keys).await.unwrap();
+        for (i, got) in loaded.iter().enumerate() {
+            let want = match i as u64 {
+                7 => Some(b"later".to_vec()),
+                i if i < 50 => Some(payload(i, 0, 700)),
+                _ => None,
+            };
+            assert_eq!(*got, want, "key {i}");
+        }
+        let removed = tier
+            .remove_many_blocking(&[key(3), key(3), key(60), key(9)])
+            .unwrap();
+        assert_eq!(removed, [true, false, false, true]);
+        tier.remove_many(&[key(10), key(61)]).await.unwrap();
+        assert_eq!(tier.len(), 47);
+        // A refused key refuses the whole batch.
+        let bad = vec![
+            (key(100), b"x".to_vec()),
+            (OffloadKey::new(b"short"), b"y".to_vec()),
+        ];
+        assert!(tier.store_many_blocking(&bad).is_err());
+        assert_eq!(tier.load_blocking(&key(100)).unwrap(), None);
+        tier.close().unwrap();
+    }
+    std::fs::remove_file(dir.path().join("index.kvx")).unwrap();
+    let tier = DiskTier::open(config).unwrap();
+    assert!(tier.stats().rebuilt_index);
+    assert_eq!(tier.len(), 47);
+    for i in 0..55 {
+        let want = match i {
+            3 | 9 | 10 => None,
+            7 => Some(b"later".to_vec()),
+            i if i < 50 => Some(payload(i, 0, 700)),
+            _ => None,
+        };
+        assert_eq!(tier.load_blocking(&key(i)).unwrap(), want, "key {i}");
+    }
+}
+
+/// One batch larger than the index grows it once, to its final size,
+/// before anything is written; one larger than the capacity evicts its own
+/// first blocks, and the count of live keys stays exact.
+#[test]
+fn a_large_batch_grows_the_index_once_and_may_evict_its_own_first_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = DiskTier::open(DiskConfig {
+        initial_slots: 16,
+        ..small(dir.path())
+    })
+    .unwrap();
+    let blocks: Vec<(OffloadKey, Vec<u8>)> = (0..5000)
+        .map(|i| (key(i), i.to_le_bytes().to_vec()))
+        .collect();
+    tier.store_many_blocking(&blocks).unwrap();
+    assert_eq!(tier.stats().rehashes, 1, "{:?}", tier.stats());
+    let keys: Vec<OffloadKey> = (0..5000).map(key).collect();
+    assert!(tier.contains_many(&keys).unwrap().iter().all(|&f| f));
+
+    // 4 MiB of capacity, 64 KiB segments: 8 MiB in one batch evicts its start.
+    let big: Vec<(OffloadKey, Vec<u8>)> = (10_000..10_256)
+        .map(|i| (key(i), vec![i as u8; 32 << 10]))
+        .collect();
+    tier.store_many_blocking(&big).unwrap();
+    let stats = tier.stats();
+    assert!(stats.evicted_segments > 0, "{stats:?}");
+    let big_keys: Vec<OffloadKey> = (10_000..10_256).map(key).collect();
+    let found = tier.contains_many(&big_keys).unwrap();
+    assert!(
+        !found[0] && found[255],
+        "the first blocks went, the last stayed"
+    );
+    let all: Vec<OffloadKey> = keys.iter().chain(&big_keys).cloned().collect();
+    let live = tier
+        .contains_many(&all)
+        .unwrap()
+        .iter()
+        .filter(|&&f| f)
+        .count() as u64;
+    assert_eq!(tier.len(), live, "{stats:?}");
+    for (i, k) in big_keys.iter().enumerate() {
+        let want = found[i].then(|| vec![(10_000 + i) as u8; 32 << 10]);
+        assert_eq!(tier.load_blocking(k).unwrap(), want);
+    }
+}
