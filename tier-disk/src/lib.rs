@@ -12,6 +12,16 @@
 //!   (FIFO by write time). Their slots stop counting at once and are then
 //!   cleared. The index rehashes into a new file (atomic rename) past a 70 %
 //!   load factor.
+//! - **Lookups never wait for a rehash or an eviction.** One writer lock
+//!   orders every change; a rehash builds the grown index, and an eviction
+//!   finds its segment's slots, under the index's read lock while lookups
+//!   and loads go on, and only the swap (or each chunk of 4,096 slot
+//!   clears) takes the write lock, for a moment.
+//! - **One interface.** [`BlockStore`] stores, loads and removes (batched
+//!   forms take the locks once and fsync once per batch); the same
+//!   operations run synchronously as `store_blocking`, `load_blocking`,
+//!   `remove_blocking` and their `_many_` forms, for threads outside any
+//!   runtime. Tenants each get their own tier and directory.
 //! - **Crash consistency.** A key is published in the index only after its
 //!   payload is written (and fsynced under [`FsyncPolicy::Always`]). A torn
 //!   slot fails its checksum and reads as absent. A torn record at the end
