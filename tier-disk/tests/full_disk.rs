@@ -188,3 +188,35 @@ fn an_index_that_does_not_fit_is_disk_full_at_open() {
         }
     }
 }
+
+/// A store that fails because the index cannot grow (the filesystem is
+/// full) leaves no record behind: after the index is lost and rebuilt from
+/// the segments, the keys whose stores failed are still absent. (The index
+/// grows before the record is appended; before, the record was appended
+/// first and a rebuild served the failed store.)
+#[test]
+fn a_store_refused_for_a_full_disk_is_not_served_after_a_rebuild() {
+    let Some(fs) = Mount::tmpfs("2m") else {
+        return;
+    };
+    let config = DiskConfig {
+        initial_slots: 16,
+        ..DiskConfig::new(&fs.path)
+    };
+    let acked = fill_until_full(&config, 300);
+    std::fs::remove_file(fs.path.join("index.kvx")).unwrap();
+    // Room for the rebuild (which holds two index files while it grows).
+    run(Command::new("mount")
+        .args(["-o", "remount,size=8m"])
+        .arg(&fs.path))
+    .unwrap();
+    let tier = DiskTier::open(config).unwrap();
+    assert!(tier.stats().rebuilt_index);
+    let refused = [key(acked.len() as u64), key(1_000_000)];
+    assert_eq!(
+        tier.contains_many(&refused).unwrap(),
+        [false, false],
+        "a refused store came back with the rebuild"
+    );
+    check(&tier, &acked);
+}
