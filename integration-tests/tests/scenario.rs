@@ -160,7 +160,7 @@ impl Tiers {
 
     fn populate(&self, rt: &tokio::runtime::Runtime, world: &World) {
         for key in world.blocks_in(DISK) {
-            self.disk.store(&key, key.as_bytes()).unwrap();
+            self.disk.store_blocking(&key, key.as_bytes()).unwrap();
         }
         self.populate_redis(rt, world);
         let s3_blocks: Vec<(OffloadKey, Vec<u8>)> = world
@@ -513,7 +513,7 @@ fn mark_miss_ends_the_failed_load_loop() {
     let mut stack = tiers.stack(&ManagerConfig::default());
     let prompt: Vec<OffloadKey> = kvtier_core::testkit::unique_keys(3, 36);
     for key in &prompt {
-        tiers.disk.store(key, b"block").unwrap();
+        tiers.disk.store_blocking(key, b"block").unwrap();
     }
     let ctx = ReqContext::new("mark-miss");
     let resolve = |stack: &mut TierStack| {
@@ -531,8 +531,8 @@ fn mark_miss_ends_the_failed_load_loop() {
     };
     assert_eq!(resolve(&mut stack), vec![DISK; 3]);
     // Block 1 is deleted between the answer and the load: the load fails.
-    tiers.disk.remove(&prompt[1]).unwrap();
-    assert_eq!(tiers.disk.load(&prompt[1]).unwrap(), None);
+    tiers.disk.remove_blocking(&prompt[1]).unwrap();
+    assert_eq!(tiers.disk.load_blocking(&prompt[1]).unwrap(), None);
     stack.mark_miss(DISK, &prompt[1..2]);
     // The request asks again: block 1 is absent everywhere, so the prefix is 1.
     assert_eq!(resolve(&mut stack), vec![DISK]);

@@ -368,10 +368,12 @@ impl Index {
         u128::from(self.counters.used) * 10 > u128::from(self.header.slot_count) * 7
     }
 
-    /// Whether one more used slot would make [`needs_rehash`](Self::needs_rehash) true:
-    /// a store rehashes first, so that a failed rehash publishes nothing.
-    pub(crate) fn needs_rehash_before_insert(&self) -> bool {
-        u128::from(self.counters.used) * 10 + 10 > u128::from(self.header.slot_count) * 7
+    /// Whether `extra` more used slots would make [`needs_rehash`](Self::needs_rehash)
+    /// true: a store grows the index before it appends, so that a failed
+    /// rehash leaves nothing written.
+    pub(crate) fn needs_rehash_before(&self, extra: u64) -> bool {
+        (u128::from(self.counters.used) + u128::from(extra)) * 10
+            > u128::from(self.header.slot_count) * 7
     }
 
     /// Every live key and its location.
@@ -389,14 +391,34 @@ impl Index {
         })
     }
 
-    /// A new index at `tmp` holding every live entry, sized for them, then
-    /// renamed over this one's path (atomic replacement).
-    pub(crate) fn rehash(&self, tmp: &Path, live: LiveSegments) -> Result<Self, DiskError> {
-        // Room for twice the live keys (a load factor of 25 to 50 % after
-        // the rehash), never shrinking below 64 Ki slots.
+    /// A new index at `tmp` holding every live entry, with room for `extra`
+    /// more keys, then renamed over this one's path (atomic replacement).
+    pub(crate) fn rehash(
+        &self,
+        tmp: &Path,
+        live: LiveSegments,
+        extra: u64,
+    ) -> Result<Self, DiskError> {
+        let mut next = self.grown(tmp, live, extra)?;
+        next.finish_replace(&self.path)?;
+        Ok(next)
+    }
+
+    /// A new index at `tmp` holding every live entry, with room for `extra`
+    /// more keys, flushed; not renamed (see [`rename_to`](Self::rename_to)).
+    /// Reads this index only: it may be built under a read lock.
+    pub(crate) fn grown(
+        &self,
+        tmp: &Path,
+        live: LiveSegments,
+        extra: u64,
+    ) -> Result<Self, DiskError> {
+        // Room for twice the keys (a load factor of 25 to 50 % after the
+        // rehash), never shrinking below 64 Ki slots.
         let slots = self
             .counters
             .len
+            .saturating_add(extra)
             .max(1)
             .saturating_mul(2)
             .max(self.header.slot_count.min(1 << 16));
@@ -404,20 +426,28 @@ impl Index {
         for (key, location) in self.live_entries(live) {
             next.insert(key, &location, live);
         }
-        next.finish_replace(&self.path)?;
+        next.map
+            .flush()
+            .map_err(|e| DiskError::io("flush index", &next.path, e))?;
         Ok(next)
     }
 
-    /// Flushes this (temporary) index and renames it to `path`.
+    /// Flushes this (temporary) index, renames it to `path` and syncs the directory.
     pub(crate) fn finish_replace(&mut self, path: &Path) -> Result<(), DiskError> {
         self.map
             .flush()
             .map_err(|e| DiskError::io("flush index", &self.path, e))?;
-        std::fs::rename(&self.path, path).map_err(|e| DiskError::io("rename index", path, e))?;
-        self.path = path.to_owned();
+        self.rename_to(path)?;
         if let Some(dir) = path.parent() {
             sync_dir(dir)?;
         }
+        Ok(())
+    }
+
+    /// Renames this index's file to `path` (the caller syncs the directory).
+    pub(crate) fn rename_to(&mut self, path: &Path) -> Result<(), DiskError> {
+        std::fs::rename(&self.path, path).map_err(|e| DiskError::io("rename index", path, e))?;
+        self.path = path.to_owned();
         Ok(())
     }
 
@@ -440,9 +470,39 @@ impl Index {
         self.write_counters();
     }
 
-    /// Turns every slot of `segment` into a tombstone; returns how many.
-    pub(crate) fn clear_segment(&mut self, segment: u64) -> u64 {
-        self.clear_where(|s| s == segment)
+    /// The slots in `range` that are live slots of `segment` (whether or
+    /// not the segment is still live).
+    pub(crate) fn live_slots_of(&self, range: std::ops::Range<u64>, segment: u64) -> Vec<u64> {
+        range
+            .filter(|&idx| {
+                matches!(
+                    format::parse_slot(self.slot(idx), self.key_len),
+                    Slot::Live { location, .. } if location.segment == segment
+                )
+            })
+            .collect()
+    }
+
+    /// Turns each of `slots` that is still a live slot of `segment` into a
+    /// tombstone; returns how many.
+    pub(crate) fn tombstone_slots(&mut self, slots: &[u64], segment: u64) -> u64 {
+        let mut cleared = 0;
+        for &idx in slots {
+            if idx >= self.header.slot_count {
+                continue;
+            }
+            let range = self.slot_range(idx);
+            if let Slot::Live { location, .. } =
+                format::parse_slot(&self.map[range.clone()], self.key_len)
+                && location.segment == segment
+            {
+                format::encode_tombstone(&mut self.map[range]);
+                cleared += 1;
+            }
+        }
+        self.counters.len = self.counters.len.saturating_sub(cleared);
+        self.write_counters();
+        cleared
     }
 
     /// Turns every live slot whose segment satisfies `gone` into a

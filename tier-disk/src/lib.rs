@@ -12,6 +12,16 @@
 //!   (FIFO by write time). Their slots stop counting at once and are then
 //!   cleared. The index rehashes into a new file (atomic rename) past a 70 %
 //!   load factor.
+//! - **Lookups never wait for a rehash or an eviction.** One writer lock
+//!   orders every change; a rehash builds the grown index, and an eviction
+//!   finds its segment's slots, under the index's read lock while lookups
+//!   and loads go on, and only the swap (or each chunk of 4,096 slot
+//!   clears) takes the write lock, for a moment.
+//! - **One interface.** [`BlockStore`] stores, loads and removes (batched
+//!   forms take the locks once and fsync once per batch); the same
+//!   operations run synchronously as `store_blocking`, `load_blocking`,
+//!   `remove_blocking` and their `_many_` forms, for threads outside any
+//!   runtime. Tenants each get their own tier and directory.
 //! - **Crash consistency.** A key is published in the index only after its
 //!   payload is written (and fsynced under [`FsyncPolicy::Always`]). A torn
 //!   slot fails its checksum and reads as absent. A torn record at the end
@@ -41,8 +51,8 @@
 //! let dir = tempfile::tempdir()?;
 //! let tier = DiskTier::open(DiskConfig::new(dir.path()))?;
 //! let key = OffloadKey::from_block_hash(&[1; 32], 0);
-//! tier.store(&key, b"kv block bytes")?;
-//! assert_eq!(tier.load(&key)?.as_deref(), Some(&b"kv block bytes"[..]));
+//! tier.store_blocking(&key, b"kv block bytes")?;
+//! assert_eq!(tier.load_blocking(&key)?.as_deref(), Some(&b"kv block bytes"[..]));
 //! assert_eq!(tier.contains_many(&[key.clone(), OffloadKey::from_block_hash(&[2; 32], 0)])?, [true, false]);
 //! tier.close()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -53,12 +63,17 @@
 
 mod config;
 mod error;
-pub mod format;
+mod evict;
+mod format;
 mod index;
+#[cfg(test)]
+mod pause;
+mod read;
+mod rebuild;
+mod write;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -70,6 +85,7 @@ pub use config::{DiskConfig, FsyncPolicy};
 pub use error::{DiskError, FormatError};
 
 use index::{Index, LiveSegments, OpenFailure, sync_dir};
+use rebuild::{RebuildReport, rebuild};
 
 const INDEX_FILE: &str = "index.kvx";
 const INDEX_TMP: &str = "index.kvx.tmp";
@@ -158,7 +174,13 @@ pub struct DiskTier {
     config: DiskConfig,
     dir: PathBuf,
     _lock: File,
+    /// Read by lookups and loads. Its write lock is taken only by a holder
+    /// of `writer`, and only for moments (a slot write, a chunk of an
+    /// eviction's clearing, the swap after a rehash): a writer builds a
+    /// grown index or finds an evicted segment's slots under the read lock,
+    /// so lookups never wait behind that work.
     index: RwLock<Index>,
+    /// Serialises every change to the segments and the index.
     writer: Mutex<Writer>,
     /// Live segment ids, readable without the writer lock.
     oldest: AtomicU64,
@@ -168,6 +190,8 @@ pub struct DiskTier {
     rebuilt_index: bool,
     recounted_index: bool,
     rebuild: RebuildReport,
+    #[cfg(test)]
+    pause: pause::PauseHook,
     missing_segment_keys: u64,
 }
 
@@ -308,6 +332,8 @@ impl DiskTier {
             recounted_index: recounted,
             rebuild: rebuilt.unwrap_or_default(),
             missing_segment_keys,
+            #[cfg(test)]
+            pause: pause::PauseHook::default(),
             config,
         };
         tracing::debug!(path = %active_path.display(), keys = tier.len(), "disk tier open");
@@ -358,283 +384,6 @@ impl DiskTier {
             .contains_many(keys, OffloadKey::as_bytes, live))
     }
 
-    /// Stores `payload` under `key`, replacing any earlier payload. The key
-    /// becomes visible once the payload is durable to the configured level.
-    ///
-    /// # Errors
-    /// [`DiskError::WrongKeySize`], [`DiskError::PayloadTooLarge`],
-    /// [`DiskError::DiskFull`] or [`DiskError::Io`]; on error nothing is published.
-    pub fn store(&self, key: &OffloadKey, payload: &[u8]) -> Result<(), DiskError> {
-        self.check_key(key)?;
-        if payload.len() > self.config.max_payload() {
-            return Err(DiskError::PayloadTooLarge {
-                len: payload.len(),
-                max: self.config.max_payload(),
-            });
-        }
-        let record = format::encode_record(format::KIND_PUT, key.as_bytes(), payload);
-        let mut writer = lock(&self.writer);
-        let (segment, offset) = self.append(&mut writer, &record)?;
-        let location = format::Location {
-            segment,
-            offset,
-            payload_len: payload.len() as u32,
-            payload_crc: crc32fast::hash(payload),
-            record_len: record.len() as u32,
-        };
-        let live = self.live();
-        let slot = {
-            let mut index = self.write_index();
-            // Grow first: a rehash that fails (a full disk) leaves the key
-            // unpublished, as the error says.
-            if index.needs_rehash_before_insert() {
-                self.rehash(&mut index, live)?;
-            }
-            index.insert(key.as_bytes(), &location, live).0
-        };
-        if self.config.fsync == FsyncPolicy::Always {
-            let flushed = self.read_index().flush_slot(slot);
-            if let Err(err) = flushed {
-                // Not durable as promised: unpublish it (a miss, never older bytes).
-                self.write_index()
-                    .remove_if_at(key.as_bytes(), &location, self.live());
-                return Err(err);
-            }
-        }
-        drop(writer);
-        self.counters.stores.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Appends a record to the active segment (rolling and evicting as
-    /// needed); returns its segment and offset once durable to the policy.
-    fn append(&self, writer: &mut Writer, record: &[u8]) -> Result<(u64, u64), DiskError> {
-        let len = record.len() as u64;
-        if writer.active_len > 0 && writer.active_len + len > self.config.segment_bytes {
-            self.roll(writer)?;
-        }
-        while writer.total_bytes + len > self.config.capacity_bytes && writer.segments.len() > 1 {
-            self.evict_oldest(writer)?;
-        }
-        let offset = writer.active_len;
-        let path = self.dir.join(segment_name(writer.active_id));
-        writer
-            .active
-            .write_all_at(record, offset)
-            .map_err(|e| DiskError::io("write segment", &path, e))?;
-        if self.config.fsync == FsyncPolicy::Always {
-            writer
-                .active
-                .sync_data()
-                .map_err(|e| DiskError::io("sync segment", &path, e))?;
-        }
-        writer.active_len += len;
-        writer.total_bytes += len;
-        if let Some(bytes) = writer.segments.get_mut(&writer.active_id) {
-            *bytes = writer.active_len;
-        }
-        Ok((writer.active_id, offset))
-    }
-
-    fn roll(&self, writer: &mut Writer) -> Result<(), DiskError> {
-        let old = self.dir.join(segment_name(writer.active_id));
-        writer
-            .active
-            .sync_all()
-            .map_err(|e| DiskError::io("sync segment", &old, e))?;
-        let id = writer
-            .active_id
-            .checked_add(1)
-            .filter(|&id| id <= MAX_SEGMENT_ID)
-            .ok_or_else(|| DiskError::SegmentIdOutOfRange {
-                path: old.clone(),
-                id: writer.active_id,
-                max: MAX_SEGMENT_ID,
-            })?;
-        let (file, _) = create_segment(&self.dir, id)?;
-        sync_dir(&self.dir)?;
-        writer.active = file;
-        writer.active_id = id;
-        writer.active_len = 0;
-        writer.segments.insert(id, 0);
-        self.newest.store(id, Ordering::Release);
-        Ok(())
-    }
-
-    fn evict_oldest(&self, writer: &mut Writer) -> Result<(), DiskError> {
-        let Some((&id, &bytes)) = writer.segments.iter().next() else {
-            return Ok(());
-        };
-        if id == writer.active_id {
-            return Ok(());
-        }
-        // Slots of the segment stop counting at once; then the file goes,
-        // then its slots are cleared (a crash in between leaves slots that
-        // point below the oldest segment: they read as absent).
-        self.oldest.store(id + 1, Ordering::Release);
-        writer.segments.remove(&id);
-        writer.total_bytes -= bytes;
-        lock(&self.readers).remove(&id);
-        let path = self.dir.join(segment_name(id));
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(DiskError::io("remove segment", &path, e)),
-        }
-        let cleared = self.write_index().clear_segment(id);
-        self.counters
-            .evicted_segments
-            .fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .evicted_keys
-            .fetch_add(cleared, Ordering::Relaxed);
-        tracing::debug!(segment = id, keys = cleared, "evicted segment");
-        Ok(())
-    }
-
-    fn rehash(&self, index: &mut Index, live: LiveSegments) -> Result<(), DiskError> {
-        let next = index.rehash(&self.dir.join(INDEX_TMP), live)?;
-        tracing::debug!(
-            from = index.slot_count(),
-            to = next.slot_count(),
-            keys = next.len(),
-            "index rehashed"
-        );
-        *index = next;
-        index.set_clean(false)?;
-        self.counters.rehashes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Loads the payload of `key`, or `None` if it is not stored. A record
-    /// that fails its checks (checksum, length, key, kind), lies beyond the
-    /// end of its segment or whose segment file is missing is a miss: its
-    /// entry is removed and `corrupt_loads` counts it.
-    ///
-    /// # Errors
-    /// [`DiskError::WrongKeySize`]; [`DiskError::Io`] when the segment
-    /// cannot be opened or read. That failed load too removes the entry and
-    /// counts in `corrupt_loads`, so the key is not a hit again.
-    pub fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, DiskError> {
-        self.check_key(key)?;
-        let live = self.live();
-        let Some((_, location)) = self.read_index().find(key.as_bytes(), live) else {
-            return Ok(None);
-        };
-        let path = self.dir.join(segment_name(location.segment));
-        let file = match self.segment_reader(location.segment) {
-            Ok(file) => file,
-            Err(err) => {
-                self.failed_load(key, &location, &path, &err.to_string());
-                return Err(err);
-            }
-        };
-        let Some(file) = file else {
-            if !self.live().contains(location.segment) {
-                // Evicted between the lookup and now: a plain miss.
-                return Ok(None);
-            }
-            self.failed_load(key, &location, &path, "segment file missing");
-            return Ok(None);
-        };
-        if location.record_len as usize
-            != format::record_size(self.config.key_len, location.payload_len as usize)
-        {
-            self.failed_load(key, &location, &path, "impossible record length");
-            return Ok(None);
-        }
-        let mut buf = vec![0u8; location.record_len as usize];
-        let checked = match file.read_exact_at(&mut buf, location.offset) {
-            Ok(()) => match format::parse_record(&buf) {
-                Ok((header, stored_key, payload))
-                    if stored_key == key.as_bytes()
-                        && header.kind == format::KIND_PUT
-                        && header.payload_crc == location.payload_crc
-                        && payload.len() == location.payload_len as usize =>
-                {
-                    Ok(payload.to_vec())
-                }
-                Ok(_) => Err("record does not match its index entry".to_owned()),
-                Err(e) => Err(e.to_string()),
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                Err("record beyond the end of its segment".to_owned())
-            }
-            Err(e) => {
-                let err = DiskError::io("read segment", &path, e);
-                self.failed_load(key, &location, &path, &err.to_string());
-                return Err(err);
-            }
-        };
-        match checked {
-            Ok(payload) => {
-                self.counters.loads.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(payload))
-            }
-            Err(reason) => {
-                self.failed_load(key, &location, &path, &reason);
-                Ok(None)
-            }
-        }
-    }
-
-    /// A load that found no valid record: the key turns into a miss, its
-    /// entry is removed (unless a newer store replaced it) and it is counted.
-    fn failed_load(
-        &self,
-        key: &OffloadKey,
-        location: &format::Location,
-        path: &Path,
-        reason: &str,
-    ) {
-        tracing::warn!(segment = %path.display(), offset = location.offset, %reason, "corrupt record; removing its key");
-        self.counters.corrupt_loads.fetch_add(1, Ordering::Relaxed);
-        self.write_index()
-            .remove_if_at(key.as_bytes(), location, self.live());
-    }
-
-    fn segment_reader(&self, id: u64) -> Result<Option<Arc<File>>, DiskError> {
-        if let Some(file) = lock(&self.readers).get(&id) {
-            return Ok(Some(Arc::clone(file)));
-        }
-        let path = self.dir.join(segment_name(id));
-        match File::open(&path) {
-            Ok(file) => {
-                let file = Arc::new(file);
-                if self.live().contains(id) {
-                    lock(&self.readers).insert(id, Arc::clone(&file));
-                }
-                Ok(Some(file))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(DiskError::io("open segment", &path, e)),
-        }
-    }
-
-    /// Removes `key`; returns whether it was stored. The removal is logged
-    /// in the segment so that a rebuilt index does not bring it back.
-    ///
-    /// # Errors
-    /// [`DiskError::WrongKeySize`], [`DiskError::DiskFull`] or [`DiskError::Io`].
-    pub fn remove(&self, key: &OffloadKey) -> Result<bool, DiskError> {
-        self.check_key(key)?;
-        if self
-            .read_index()
-            .find(key.as_bytes(), self.live())
-            .is_none()
-        {
-            return Ok(false);
-        }
-        let record = format::encode_record(format::KIND_REMOVE, key.as_bytes(), &[]);
-        let mut writer = lock(&self.writer);
-        self.append(&mut writer, &record)?;
-        let removed = self
-            .write_index()
-            .remove(key.as_bytes(), self.live())
-            .is_some();
-        Ok(removed)
-    }
-
     /// Live keys.
     pub fn len(&self) -> u64 {
         self.read_index().len()
@@ -655,7 +404,10 @@ impl DiskTier {
     /// # Errors
     /// [`DiskError::Io`] naming the file.
     pub fn sync(&self) -> Result<(), DiskError> {
-        let writer = lock(&self.writer);
+        self.sync_locked(&lock(&self.writer))
+    }
+
+    fn sync_locked(&self, writer: &Writer) -> Result<(), DiskError> {
         let path = self.dir.join(segment_name(writer.active_id));
         writer
             .active
@@ -670,7 +422,8 @@ impl DiskTier {
     /// # Errors
     /// [`DiskError::Io`] naming the file.
     pub fn close(&self) -> Result<(), DiskError> {
-        self.sync()?;
+        let writer = lock(&self.writer);
+        self.sync_locked(&writer)?;
         self.write_index().set_clean(true)
     }
 
@@ -716,19 +469,34 @@ impl Drop for DiskTier {
 }
 
 /// The disk tier's writes are local file appends under a lock (micro- to
-/// milliseconds, longer when a store evicts or grows the index): the futures
-/// do that work when first polled, on the caller's thread.
+/// milliseconds, longer when a store evicts or grows the index; lookups do
+/// not wait for that): the futures do that work when first polled, on the
+/// caller's thread. The batched forms take the writer lock and the index
+/// lock once per batch, and fsync once per batch under
+/// [`FsyncPolicy::Always`].
 impl BlockStore for DiskTier {
     async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
-        DiskTier::store(self, key, block).map_err(TierError::from)
+        self.store_blocking(key, block).map_err(TierError::from)
     }
 
     async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
-        DiskTier::load(self, key).map_err(TierError::from)
+        self.load_blocking(key).map_err(TierError::from)
     }
 
     async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
-        DiskTier::remove(self, key)
+        self.remove_blocking(key).map(drop).map_err(TierError::from)
+    }
+
+    async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.store_many_blocking(blocks).map_err(TierError::from)
+    }
+
+    async fn load_many(&self, keys: &[OffloadKey]) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        self.load_many_blocking(keys).map_err(TierError::from)
+    }
+
+    async fn remove_many(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        self.remove_many_blocking(keys)
             .map(drop)
             .map_err(TierError::from)
     }
@@ -743,8 +511,9 @@ impl BlockStore for DiskTier {
 
 impl Tier for DiskTier {
     /// Answers from the memory-mapped index without reading payloads; the
-    /// index lock is held for the batch (microseconds) and waits only for a
-    /// slot write, an eviction's slot clearing or a rehash.
+    /// index's read lock is held for the batch (microseconds) and waits at
+    /// most for a momentary write: a slot write, one chunk of an eviction's
+    /// clearing, or the swap to a grown index (never for the rehash itself).
     async fn batch_lookup(
         &self,
         keys: &[OffloadKey],
@@ -782,120 +551,4 @@ fn list_segments(dir: &Path) -> Result<BTreeMap<u64, u64>, DiskError> {
         segments.insert(id, len);
     }
     Ok(segments)
-}
-
-/// What a rebuild found damaged, and what it dropped because of it.
-#[derive(Debug, Default, Clone, Copy)]
-struct RebuildReport {
-    damaged: u64,
-    dropped_keys: u64,
-}
-
-/// Builds a new index from the records of every segment, oldest first: a
-/// later record of a key wins and a remove record removes it.
-///
-/// Damage never makes a key load bytes that a later store replaced or a
-/// removal removed:
-/// - A record whose header (and so its key and extent) is intact but whose
-///   payload fails its checksum is the key's newest record, unreadable: the
-///   key is left absent, and the scan goes on after the record.
-/// - A segment cut short (fewer bytes left than a record header and key, or
-///   a record running past the end of the file) ends there: that is the
-///   torn tail of a crash, a record that was never acknowledged.
-/// - An unreadable record header anywhere else leaves the rest of that
-///   segment unordered: it may have replaced or removed any key indexed so
-///   far. The rest of the segment is discarded and so is every key indexed
-///   so far; later segments (all newer) are kept. A segment missing from the
-///   middle of the sequence is handled the same way. Each is logged and
-///   counted in the report.
-fn rebuild(
-    dir: &Path,
-    config: &DiskConfig,
-    segments: &BTreeMap<u64, u64>,
-    live: LiveSegments,
-) -> Result<(Index, RebuildReport), DiskError> {
-    let tmp = dir.join(INDEX_TMP);
-    let mut index = Index::create(&tmp, config.key_len, config.initial_slots)?;
-    let mut report = RebuildReport::default();
-    let mut previous: Option<u64> = None;
-    for &id in segments.keys() {
-        let path = dir.join(segment_name(id));
-        if previous.is_some_and(|p| p + 1 != id) {
-            let dropped = index.len();
-            tracing::warn!(
-                segment = %path.display(),
-                keys = dropped,
-                "segments missing before this one; every key of older segments is dropped"
-            );
-            report.damaged += 1;
-            report.dropped_keys += dropped;
-            drop(index);
-            index = Index::create(&tmp, config.key_len, config.initial_slots)?;
-        }
-        previous = Some(id);
-        let bytes = std::fs::read(&path).map_err(|e| DiskError::io("read segment", &path, e))?;
-        let mut offset = 0usize;
-        while offset < bytes.len() {
-            let rest = &bytes[offset..];
-            let (header, key) = match format::parse_record_header(rest) {
-                Ok(parsed) => parsed,
-                // A torn tail.
-                Err(_) if rest.len() < format::RECORD_HEADER_SIZE + config.key_len => break,
-                Err(reason) => {
-                    let dropped = index.len();
-                    tracing::warn!(
-                        segment = %path.display(),
-                        offset,
-                        %reason,
-                        discarded_bytes = rest.len(),
-                        keys = dropped,
-                        "unreadable record: the rest of its segment is discarded, and every key indexed before it (the record may have replaced or removed any of them)"
-                    );
-                    report.damaged += 1;
-                    report.dropped_keys += dropped;
-                    drop(index);
-                    index = Index::create(&tmp, config.key_len, config.initial_slots)?;
-                    break;
-                }
-            };
-            let len = header.record_len();
-            let Some(record) = rest.get(..len) else {
-                break; // a torn tail: the record runs past the end of the file
-            };
-            if key.len() == config.key_len {
-                match format::parse_record(record) {
-                    Ok((h, _, payload)) if h.kind == format::KIND_PUT => {
-                        let location = format::Location {
-                            segment: id,
-                            offset: offset as u64,
-                            payload_len: payload.len() as u32,
-                            payload_crc: h.payload_crc,
-                            record_len: len as u32,
-                        };
-                        index.insert(key, &location, live);
-                    }
-                    Ok(_) => {
-                        index.remove(key, live);
-                    }
-                    Err(reason) => {
-                        tracing::warn!(
-                            segment = %path.display(),
-                            offset,
-                            %reason,
-                            "damaged record payload: its key is left absent"
-                        );
-                        report.damaged += 1;
-                        index.remove(key, live);
-                    }
-                }
-            }
-            if index.needs_rehash() {
-                // The grown index is renamed over the one being built (at `tmp`).
-                index = index.rehash(&dir.join("index.kvx.grow"), live)?;
-            }
-            offset += len;
-        }
-    }
-    index.finish_replace(&dir.join(INDEX_FILE))?;
-    Ok((index, report))
 }

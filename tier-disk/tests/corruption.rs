@@ -18,7 +18,7 @@ const KEYS: u64 = 400;
 fn populate(dir: &Path) {
     let tier = DiskTier::open(small(dir)).unwrap();
     for i in 0..KEYS {
-        tier.store(&key(i), &payload(i, 0, 1500)).unwrap();
+        tier.store_blocking(&key(i), &payload(i, 0, 1500)).unwrap();
     }
     tier.close().unwrap();
 }
@@ -49,7 +49,7 @@ fn check(dir: &Path, what: &str) {
         if i >= KEYS {
             assert!(!present, "{what}: hit for never-stored key {i}");
         }
-        if let Some(bytes) = tier.load(&key(i)).unwrap() {
+        if let Some(bytes) = tier.load_blocking(&key(i)).unwrap() {
             assert_eq!(
                 bytes,
                 payload(i, 0, 1500),
@@ -58,9 +58,9 @@ fn check(dir: &Path, what: &str) {
         }
     }
     // Stores still work after whatever happened.
-    tier.store(&key(KEYS + 1000), b"after").unwrap();
+    tier.store_blocking(&key(KEYS + 1000), b"after").unwrap();
     assert_eq!(
-        tier.load(&key(KEYS + 1000)).unwrap().as_deref(),
+        tier.load_blocking(&key(KEYS + 1000)).unwrap().as_deref(),
         Some(&b"after"[..]),
         "{what}"
     );
@@ -154,7 +154,10 @@ fn a_zeroed_index_is_rebuilt_with_everything() {
     assert!(tier.stats().rebuilt_index);
     assert_eq!(tier.len(), KEYS);
     for i in 0..KEYS {
-        assert_eq!(tier.load(&key(i)).unwrap(), Some(payload(i, 0, 1500)));
+        assert_eq!(
+            tier.load_blocking(&key(i)).unwrap(),
+            Some(payload(i, 0, 1500))
+        );
     }
 }
 

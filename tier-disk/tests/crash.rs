@@ -51,10 +51,11 @@ fn crash_child() {
     let tier = DiskTier::open(config(&dir, fsync)).unwrap();
     let mut out = std::io::stdout().lock();
     for i in start..start + 200_000 {
-        tier.store(&key(i), &payload(i, 0, MAX_PAYLOAD)).unwrap();
+        tier.store_blocking(&key(i), &payload(i, 0, MAX_PAYLOAD))
+            .unwrap();
         std::io::Write::write_all(&mut out, format!("ACK {i}\n").as_bytes()).unwrap();
         if i % 7 == 3 {
-            tier.remove(&key(i - 2)).unwrap();
+            tier.remove_blocking(&key(i - 2)).unwrap();
             std::io::Write::write_all(&mut out, format!("DEL {}\n", i - 2).as_bytes()).unwrap();
         }
         std::io::Write::flush(&mut out).unwrap();
@@ -156,7 +157,7 @@ fn kill_and_reopen() {
             .filter(|k| acked.contains(k));
         let in_flight_store = last_acked.map_or(start, |i| i + 1);
         for &i in &acked {
-            let loaded = tier.load(&key(i)).unwrap();
+            let loaded = tier.load_blocking(&key(i)).unwrap();
             if Some(i) == in_flight_removal && loaded.is_none() {
                 continue;
             }
@@ -167,14 +168,14 @@ fn kill_and_reopen() {
             );
         }
         if let Some(k) = in_flight_removal
-            && tier.load(&key(k)).unwrap().is_none()
+            && tier.load_blocking(&key(k)).unwrap().is_none()
         {
             acked.remove(&k);
             deleted.insert(k);
         }
         for &i in &deleted {
             assert_eq!(
-                tier.load(&key(i)).unwrap(),
+                tier.load_blocking(&key(i)).unwrap(),
                 None,
                 "round {round}: removed key {i} is back"
             );
@@ -192,7 +193,7 @@ fn kill_and_reopen() {
                     "round {round}: phantom hit for never-written key {i}"
                 );
                 assert_eq!(
-                    tier.load(&key(i)).unwrap(),
+                    tier.load_blocking(&key(i)).unwrap(),
                     Some(payload(i, 0, MAX_PAYLOAD)),
                     "round {round}: key {i} reported but does not load"
                 );

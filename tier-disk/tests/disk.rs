@@ -15,24 +15,30 @@ fn store_load_remove_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let tier = DiskTier::open(small(dir.path())).unwrap();
     for i in 0..100 {
-        tier.store(&key(i), &payload(i, 0, 3000)).unwrap();
+        tier.store_blocking(&key(i), &payload(i, 0, 3000)).unwrap();
     }
     assert_eq!(tier.len(), 100);
     for i in 0..100 {
-        assert_eq!(tier.load(&key(i)).unwrap(), Some(payload(i, 0, 3000)));
+        assert_eq!(
+            tier.load_blocking(&key(i)).unwrap(),
+            Some(payload(i, 0, 3000))
+        );
     }
-    assert_eq!(tier.load(&key(1000)).unwrap(), None);
+    assert_eq!(tier.load_blocking(&key(1000)).unwrap(), None);
     // Replacing a key keeps one entry and returns the new payload.
-    tier.store(&key(5), b"new").unwrap();
+    tier.store_blocking(&key(5), b"new").unwrap();
     assert_eq!(tier.len(), 100);
-    assert_eq!(tier.load(&key(5)).unwrap().as_deref(), Some(&b"new"[..]));
-    assert!(tier.remove(&key(5)).unwrap());
-    assert!(!tier.remove(&key(5)).unwrap());
-    assert_eq!(tier.load(&key(5)).unwrap(), None);
+    assert_eq!(
+        tier.load_blocking(&key(5)).unwrap().as_deref(),
+        Some(&b"new"[..])
+    );
+    assert!(tier.remove_blocking(&key(5)).unwrap());
+    assert!(!tier.remove_blocking(&key(5)).unwrap());
+    assert_eq!(tier.load_blocking(&key(5)).unwrap(), None);
     assert_eq!(tier.len(), 99);
     // An empty payload is a payload.
-    tier.store(&key(7), b"").unwrap();
-    assert_eq!(tier.load(&key(7)).unwrap(), Some(Vec::new()));
+    tier.store_blocking(&key(7), b"").unwrap();
+    assert_eq!(tier.load_blocking(&key(7)).unwrap(), Some(Vec::new()));
 }
 
 #[test]
@@ -41,9 +47,9 @@ fn everything_survives_a_clean_reopen_without_recount() {
     {
         let tier = DiskTier::open(small(dir.path())).unwrap();
         for i in 0..500 {
-            tier.store(&key(i), &payload(i, 1, 500)).unwrap();
+            tier.store_blocking(&key(i), &payload(i, 1, 500)).unwrap();
         }
-        tier.remove(&key(3)).unwrap();
+        tier.remove_blocking(&key(3)).unwrap();
         tier.close().unwrap();
     }
     let tier = DiskTier::open(small(dir.path())).unwrap();
@@ -52,7 +58,7 @@ fn everything_survives_a_clean_reopen_without_recount() {
     assert_eq!(tier.len(), 499);
     for i in 0..500 {
         let expected = (i != 3).then(|| payload(i, 1, 500));
-        assert_eq!(tier.load(&key(i)).unwrap(), expected, "key {i}");
+        assert_eq!(tier.load_blocking(&key(i)).unwrap(), expected, "key {i}");
     }
 }
 
@@ -65,7 +71,7 @@ fn the_index_grows_and_stays_exact() {
     })
     .unwrap();
     for i in 0..5000 {
-        tier.store(&key(i), &i.to_le_bytes()).unwrap();
+        tier.store_blocking(&key(i), &i.to_le_bytes()).unwrap();
     }
     let stats = tier.stats();
     assert!(stats.rehashes >= 3, "{stats:?}");
@@ -83,7 +89,7 @@ fn filling_past_capacity_evicts_oldest_segments_and_stays_exact() {
     let tier = DiskTier::open(config.clone()).unwrap();
     let n = 4000u64; // about 2000 bytes each: 8 MB, twice the capacity
     for i in 0..n {
-        tier.store(&key(i), &vec![i as u8; 2000]).unwrap();
+        tier.store_blocking(&key(i), &vec![i as u8; 2000]).unwrap();
         assert!(
             tier.bytes_used() <= config.capacity_bytes,
             "over capacity at {i}"
@@ -104,10 +110,13 @@ fn filling_past_capacity_evicts_oldest_segments_and_stays_exact() {
     );
     assert_eq!(tier.len(), n - first as u64);
     for i in first as u64..n {
-        assert_eq!(tier.load(&key(i)).unwrap(), Some(vec![i as u8; 2000]));
+        assert_eq!(
+            tier.load_blocking(&key(i)).unwrap(),
+            Some(vec![i as u8; 2000])
+        );
     }
     for i in 0..first as u64 {
-        assert_eq!(tier.load(&key(i)).unwrap(), None);
+        assert_eq!(tier.load_blocking(&key(i)).unwrap(), None);
     }
 }
 
@@ -125,22 +134,22 @@ fn a_second_writer_is_refused() {
 fn bad_input_gets_typed_errors_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let tier = DiskTier::open(small(dir.path())).unwrap();
-    tier.store(&key(1), b"kept").unwrap();
+    tier.store_blocking(&key(1), b"kept").unwrap();
     let short = OffloadKey::new(&[1; 35]);
     assert!(matches!(
-        tier.store(&short, b"x"),
+        tier.store_blocking(&short, b"x"),
         Err(DiskError::WrongKeySize {
             expected: 36,
             got: 35
         })
     ));
     assert!(matches!(
-        tier.load(&short),
+        tier.load_blocking(&short),
         Err(DiskError::WrongKeySize { .. })
     ));
     let huge = vec![0u8; 65 << 10];
     assert!(matches!(
-        tier.store(&key(2), &huge),
+        tier.store_blocking(&key(2), &huge),
         Err(DiskError::PayloadTooLarge { .. })
     ));
     let err = tier.contains_many(&[key(1), short.clone()]).unwrap_err();
@@ -152,7 +161,10 @@ fn bad_input_gets_typed_errors_and_loses_nothing() {
         .block_on(tier.batch_lookup(&[short], &ReqContext::new("r")))
         .unwrap_err();
     assert_eq!(tier_err.kind(), TierErrorKind::InvalidInput);
-    assert_eq!(tier.load(&key(1)).unwrap().as_deref(), Some(&b"kept"[..]));
+    assert_eq!(
+        tier.load_blocking(&key(1)).unwrap().as_deref(),
+        Some(&b"kept"[..])
+    );
     assert_eq!(tier.len(), 1);
 
     for bad in [
@@ -182,7 +194,7 @@ fn an_index_of_another_key_length_or_version_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
     {
         let tier = DiskTier::open(small(dir.path())).unwrap();
-        tier.store(&key(1), b"x").unwrap();
+        tier.store_blocking(&key(1), b"x").unwrap();
     }
     let err = DiskTier::open(DiskConfig {
         key_len: 32,
@@ -230,18 +242,24 @@ fn a_lost_index_is_rebuilt_from_the_segments_with_removals() {
     {
         let tier = DiskTier::open(small(dir.path())).unwrap();
         for i in 0..300 {
-            tier.store(&key(i), &payload(i, 0, 900)).unwrap();
+            tier.store_blocking(&key(i), &payload(i, 0, 900)).unwrap();
         }
-        tier.store(&key(10), &payload(10, 9, 900)).unwrap(); // a later version wins
-        tier.remove(&key(20)).unwrap(); // a removal is remembered
+        tier.store_blocking(&key(10), &payload(10, 9, 900)).unwrap(); // a later version wins
+        tier.remove_blocking(&key(20)).unwrap(); // a removal is remembered
     }
     std::fs::remove_file(dir.path().join("index.kvx")).unwrap();
     let tier = DiskTier::open(small(dir.path())).unwrap();
     assert!(tier.stats().rebuilt_index);
     assert_eq!(tier.len(), 299);
-    assert_eq!(tier.load(&key(10)).unwrap(), Some(payload(10, 9, 900)));
-    assert_eq!(tier.load(&key(20)).unwrap(), None);
-    assert_eq!(tier.load(&key(299)).unwrap(), Some(payload(299, 0, 900)));
+    assert_eq!(
+        tier.load_blocking(&key(10)).unwrap(),
+        Some(payload(10, 9, 900))
+    );
+    assert_eq!(tier.load_blocking(&key(20)).unwrap(), None);
+    assert_eq!(
+        tier.load_blocking(&key(299)).unwrap(),
+        Some(payload(299, 0, 900))
+    );
 }
 
 #[test]
@@ -274,8 +292,8 @@ fn a_corrupt_index_is_an_error_when_rebuilding_is_off() {
 fn a_corrupt_payload_turns_into_a_counted_miss_and_is_removed() {
     let dir = tempfile::tempdir().unwrap();
     let tier = DiskTier::open(small(dir.path())).unwrap();
-    tier.store(&key(1), &[42u8; 1000]).unwrap();
-    tier.store(&key(2), &[43u8; 1000]).unwrap();
+    tier.store_blocking(&key(1), &[42u8; 1000]).unwrap();
+    tier.store_blocking(&key(2), &[43u8; 1000]).unwrap();
     // Flip a byte in key 1's payload (first record of the active segment).
     let segment = std::fs::read_dir(dir.path())
         .unwrap()
@@ -289,13 +307,13 @@ fn a_corrupt_payload_turns_into_a_counted_miss_and_is_removed() {
         tier.contains_many(&[key(1)]).unwrap()[0],
         "the index cannot know yet"
     );
-    assert_eq!(tier.load(&key(1)).unwrap(), None);
+    assert_eq!(tier.load_blocking(&key(1)).unwrap(), None);
     assert_eq!(tier.stats().corrupt_loads, 1);
     assert!(
         !tier.contains_many(&[key(1)]).unwrap()[0],
         "the entry is removed"
     );
-    assert_eq!(tier.load(&key(2)).unwrap(), Some(vec![43u8; 1000]));
+    assert_eq!(tier.load_blocking(&key(2)).unwrap(), Some(vec![43u8; 1000]));
 }
 
 #[test]
@@ -308,12 +326,121 @@ fn fsync_always_round_trips_across_segment_rolls() {
     {
         let tier = DiskTier::open(config.clone()).unwrap();
         for i in 0..100 {
-            tier.store(&key(i), &payload(i, 2, 2000)).unwrap();
+            tier.store_blocking(&key(i), &payload(i, 2, 2000)).unwrap();
         }
         assert!(tier.stats().segments > 1);
     }
     let tier = DiskTier::open(config).unwrap();
     for i in 0..100 {
-        assert_eq!(tier.load(&key(i)).unwrap(), Some(payload(i, 2, 2000)));
+        assert_eq!(
+            tier.load_blocking(&key(i)).unwrap(),
+            Some(payload(i, 2, 2000))
+        );
+    }
+}
+
+/// The batched forms (through the trait and the blocking API): a later
+/// block of a repeated key wins, absent keys load as `None`, a repeated
+/// removal removes once, and a reopen from the records alone (the index
+/// deleted) agrees: every record a batch wrote is in the segments.
+#[tokio::test]
+async fn batched_store_load_remove_round_trip_and_survive_a_rebuild() {
+    use kvtier_core::BlockStore;
+    let dir = tempfile::tempdir().unwrap();
+    let config = DiskConfig {
+        fsync: FsyncPolicy::Always,
+        ..small(dir.path())
+    };
+    {
+        let tier = DiskTier::open(config.clone()).unwrap();
+        let mut blocks: Vec<(OffloadKey, Vec<u8>)> =
+            (0..50).map(|i| (key(i), payload(i, 0, 700))).collect();
+        blocks.push((key(7), b"later".to_vec()));
+        tier.store_many(&blocks).await.unwrap();
+        assert_eq!(tier.stats().stores, 51);
+        assert_eq!(tier.len(), 50);
+        let keys: Vec<OffloadKey> = (0..55).map(key).collect();
+        let loaded = tier.load_many(&keys).await.unwrap();
+        for (i, got) in loaded.iter().enumerate() {
+            let want = match i as u64 {
+                7 => Some(b"later".to_vec()),
+                i if i < 50 => Some(payload(i, 0, 700)),
+                _ => None,
+            };
+            assert_eq!(*got, want, "key {i}");
+        }
+        let removed = tier
+            .remove_many_blocking(&[key(3), key(3), key(60), key(9)])
+            .unwrap();
+        assert_eq!(removed, [true, false, false, true]);
+        tier.remove_many(&[key(10), key(61)]).await.unwrap();
+        assert_eq!(tier.len(), 47);
+        // A refused key refuses the whole batch.
+        let bad = vec![
+            (key(100), b"x".to_vec()),
+            (OffloadKey::new(b"short"), b"y".to_vec()),
+        ];
+        assert!(tier.store_many_blocking(&bad).is_err());
+        assert_eq!(tier.load_blocking(&key(100)).unwrap(), None);
+        tier.close().unwrap();
+    }
+    std::fs::remove_file(dir.path().join("index.kvx")).unwrap();
+    let tier = DiskTier::open(config).unwrap();
+    assert!(tier.stats().rebuilt_index);
+    assert_eq!(tier.len(), 47);
+    for i in 0..55 {
+        let want = match i {
+            3 | 9 | 10 => None,
+            7 => Some(b"later".to_vec()),
+            i if i < 50 => Some(payload(i, 0, 700)),
+            _ => None,
+        };
+        assert_eq!(tier.load_blocking(&key(i)).unwrap(), want, "key {i}");
+    }
+}
+
+/// One batch larger than the index grows it once, to its final size,
+/// before anything is written; one larger than the capacity evicts its own
+/// first blocks, and the count of live keys stays exact.
+#[test]
+fn a_large_batch_grows_the_index_once_and_may_evict_its_own_first_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = DiskTier::open(DiskConfig {
+        initial_slots: 16,
+        ..small(dir.path())
+    })
+    .unwrap();
+    let blocks: Vec<(OffloadKey, Vec<u8>)> = (0..5000)
+        .map(|i| (key(i), i.to_le_bytes().to_vec()))
+        .collect();
+    tier.store_many_blocking(&blocks).unwrap();
+    assert_eq!(tier.stats().rehashes, 1, "{:?}", tier.stats());
+    let keys: Vec<OffloadKey> = (0..5000).map(key).collect();
+    assert!(tier.contains_many(&keys).unwrap().iter().all(|&f| f));
+
+    // 4 MiB of capacity, 64 KiB segments: 8 MiB in one batch evicts its start.
+    let big: Vec<(OffloadKey, Vec<u8>)> = (10_000..10_256)
+        .map(|i| (key(i), vec![i as u8; 32 << 10]))
+        .collect();
+    tier.store_many_blocking(&big).unwrap();
+    let stats = tier.stats();
+    assert!(stats.evicted_segments > 0, "{stats:?}");
+    let big_keys: Vec<OffloadKey> = (10_000..10_256).map(key).collect();
+    let found = tier.contains_many(&big_keys).unwrap();
+    assert!(
+        !found[0] && found[255],
+        "the first blocks went, the last stayed"
+    );
+    let all: Vec<OffloadKey> = keys.iter().chain(&big_keys).cloned().collect();
+    let live = tier
+        .contains_many(&all)
+        .unwrap()
+        .iter()
+        .filter(|&&f| f)
+        .count() as u64;
+    assert_eq!(tier.len(), live, "{stats:?}");
+    for (i, k) in big_keys.iter().enumerate() {
+        let want = found[i].then(|| vec![(10_000 + i) as u8; 32 << 10]);
+        assert_eq!(tier.load_blocking(k).unwrap(), want);
     }
 }

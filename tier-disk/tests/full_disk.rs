@@ -91,7 +91,7 @@ fn fill_until_full(config: &DiskConfig, max: usize) -> Vec<usize> {
     let mut size = max;
     loop {
         let i = acked.len() as u64;
-        match tier.store(&key(i), &payload(i, 0, size)) {
+        match tier.store_blocking(&key(i), &payload(i, 0, size)) {
             Ok(()) => acked.push(size),
             Err(DiskError::DiskFull { .. }) if size == 1 => break,
             Err(DiskError::DiskFull { .. }) => size = (size / 8).max(1),
@@ -103,7 +103,7 @@ fn fill_until_full(config: &DiskConfig, max: usize) -> Vec<usize> {
     // Full: stores keep failing cleanly and publish nothing.
     let extra = key(1_000_000);
     assert!(matches!(
-        tier.store(&extra, &vec![7u8; max]),
+        tier.store_blocking(&extra, &vec![7u8; max]),
         Err(DiskError::DiskFull { .. })
     ));
     assert!(!tier.contains_many(&[extra]).unwrap()[0]);
@@ -114,7 +114,7 @@ fn fill_until_full(config: &DiskConfig, max: usize) -> Vec<usize> {
 fn check(tier: &DiskTier, acked: &[usize]) {
     for (i, &size) in (0..).zip(acked) {
         assert_eq!(
-            tier.load(&key(i)).unwrap(),
+            tier.load_blocking(&key(i)).unwrap(),
             Some(payload(i, 0, size)),
             "key {i}"
         );
@@ -128,7 +128,7 @@ fn fill_and_reopen(config: &DiskConfig, max: usize) {
     let tier = DiskTier::open(config.clone()).unwrap();
     check(&tier, &acked);
     // Removing frees nothing (segments are append-only) but must not crash.
-    match tier.remove(&key(0)) {
+    match tier.remove_blocking(&key(0)) {
         Ok(_) | Err(DiskError::DiskFull { .. }) => {}
         Err(other) => panic!("remove on a full disk: {other}"),
     }
@@ -183,8 +183,40 @@ fn an_index_that_does_not_fit_is_disk_full_at_open() {
         Ok(tier) => {
             // Without a reservation the open "succeeds"; the first store
             // into an unallocated page of the map would then die of SIGBUS.
-            let stored = tier.store(&key(1), b"x");
+            let stored = tier.store_blocking(&key(1), b"x");
             panic!("opened with an index larger than the filesystem; store: {stored:?}");
         }
     }
+}
+
+/// A store that fails because the index cannot grow (the filesystem is
+/// full) leaves no record behind: after the index is lost and rebuilt from
+/// the segments, the keys whose stores failed are still absent. (The index
+/// grows before the record is appended; before, the record was appended
+/// first and a rebuild served the failed store.)
+#[test]
+fn a_store_refused_for_a_full_disk_is_not_served_after_a_rebuild() {
+    let Some(fs) = Mount::tmpfs("2m") else {
+        return;
+    };
+    let config = DiskConfig {
+        initial_slots: 16,
+        ..DiskConfig::new(&fs.path)
+    };
+    let acked = fill_until_full(&config, 300);
+    std::fs::remove_file(fs.path.join("index.kvx")).unwrap();
+    // Room for the rebuild (which holds two index files while it grows).
+    run(Command::new("mount")
+        .args(["-o", "remount,size=8m"])
+        .arg(&fs.path))
+    .unwrap();
+    let tier = DiskTier::open(config).unwrap();
+    assert!(tier.stats().rebuilt_index);
+    let refused = [key(acked.len() as u64), key(1_000_000)];
+    assert_eq!(
+        tier.contains_many(&refused).unwrap(),
+        [false, false],
+        "a refused store came back with the rebuild"
+    );
+    check(&tier, &acked);
 }

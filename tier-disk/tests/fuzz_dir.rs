@@ -23,8 +23,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use common::key;
-use kvtier_disk::format::COUNTERS_AT;
+use common::{COUNTERS_AT, key};
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use proptest::prelude::*;
 
@@ -181,11 +180,11 @@ fn run(ops: &[Op], damages: &[Damage], delete_index: bool) -> Result<(), TestCas
         for op in ops {
             match op {
                 Op::Store(k, p) => {
-                    tier.store(&key(*k), p).unwrap();
+                    tier.store_blocking(&key(*k), p).unwrap();
                     model.insert(*k, Some(p.clone()));
                 }
                 Op::Remove(k) => {
-                    tier.remove(&key(*k)).unwrap();
+                    tier.remove_blocking(&key(*k)).unwrap();
                     model.insert(*k, None);
                 }
                 Op::Reopen => {
@@ -219,7 +218,7 @@ fn run(ops: &[Op], damages: &[Damage], delete_index: bool) -> Result<(), TestCas
             prop_assert!(!hit, "never-stored key {} is a hit", k);
         }
         let corrupt_before = tier.stats().corrupt_loads;
-        let loaded = tier.load(&key).unwrap();
+        let loaded = tier.load_blocking(&key).unwrap();
         if let Some(bytes) = &loaded {
             prop_assert!(hit, "key {} loads but was no hit", k);
             prop_assert_eq!(
@@ -248,8 +247,8 @@ fn run(ops: &[Op], damages: &[Damage], delete_index: bool) -> Result<(), TestCas
         }
     }
     // The tier still takes stores.
-    if tier.store(&key(KEYS + 10), b"after").is_ok() {
-        let after = tier.load(&key(KEYS + 10)).unwrap();
+    if tier.store_blocking(&key(KEYS + 10), b"after").is_ok() {
+        let after = tier.load_blocking(&key(KEYS + 10)).unwrap();
         prop_assert_eq!(after.as_deref(), Some(&b"after"[..]));
     }
     Ok(())

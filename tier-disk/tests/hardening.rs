@@ -8,8 +8,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use common::{key, payload, small};
-use kvtier_disk::format::{COUNTERS_AT, RECORD_HEADER_SIZE, record_size};
+use common::{COUNTERS_AT, RECORD_HEADER_SIZE, key, payload, record_size, small};
 use kvtier_disk::{DiskError, DiskTier};
 
 const KEY_LEN: usize = 36;
@@ -55,9 +54,9 @@ fn a_rebuild_never_serves_the_value_a_damaged_newer_record_replaced() {
         let (a, b) = (vec![b'A'; 100], vec![b'B'; 100]);
         {
             let tier = DiskTier::open(small(dir.path())).unwrap();
-            tier.store(&key(1), &a).unwrap();
-            tier.store(&key(1), &b).unwrap();
-            tier.store(&key(2), b"other").unwrap();
+            tier.store_blocking(&key(1), &a).unwrap();
+            tier.store_blocking(&key(1), &b).unwrap();
+            tier.store_blocking(&key(2), b"other").unwrap();
             tier.close().unwrap();
         }
         lose_index(dir.path(), how);
@@ -72,13 +71,16 @@ fn a_rebuild_never_serves_the_value_a_damaged_newer_record_replaced() {
         assert!(stats.rebuilt_index);
         assert_eq!((stats.rebuild_damaged, stats.rebuild_dropped_keys), (1, 0));
         assert_eq!(
-            tier.load(&key(1)).unwrap(),
+            tier.load_blocking(&key(1)).unwrap(),
             None,
             "loss {how}: a damaged newest record must leave its key absent, never older"
         );
         assert!(!tier.contains_many(&[key(1)]).unwrap()[0]);
         // The record's extent is known: what follows it is kept.
-        assert_eq!(tier.load(&key(2)).unwrap().as_deref(), Some(&b"other"[..]));
+        assert_eq!(
+            tier.load_blocking(&key(2)).unwrap().as_deref(),
+            Some(&b"other"[..])
+        );
     }
 }
 
@@ -91,14 +93,14 @@ fn a_rebuild_never_brings_back_a_key_whose_remove_record_is_damaged() {
             let old = payload(1, 0, 500);
             {
                 let tier = DiskTier::open(small(dir.path())).unwrap();
-                tier.store(&key(1), &old).unwrap();
-                assert!(tier.remove(&key(1)).unwrap());
+                tier.store_blocking(&key(1), &old).unwrap();
+                assert!(tier.remove_blocking(&key(1)).unwrap());
                 tier.close().unwrap();
             }
             // A later segment (opened after the close) stores another key.
             {
                 let tier = DiskTier::open(small(dir.path())).unwrap();
-                tier.store(&key(2), b"later").unwrap();
+                tier.store_blocking(&key(2), b"later").unwrap();
                 tier.close().unwrap();
             }
             lose_index(dir.path(), how);
@@ -110,13 +112,16 @@ fn a_rebuild_never_brings_back_a_key_whose_remove_record_is_damaged() {
             // Logged and counted: one damaged place, key 1 dropped with it.
             assert_eq!((stats.rebuild_damaged, stats.rebuild_dropped_keys), (1, 1));
             assert_eq!(
-                tier.load(&key(1)).unwrap(),
+                tier.load_blocking(&key(1)).unwrap(),
                 None,
                 "loss {how}, byte {byte}: a removed key came back"
             );
             assert!(!tier.contains_many(&[key(1)]).unwrap()[0]);
             // Later segments are newer than the damage: kept.
-            assert_eq!(tier.load(&key(2)).unwrap().as_deref(), Some(&b"later"[..]));
+            assert_eq!(
+                tier.load_blocking(&key(2)).unwrap().as_deref(),
+                Some(&b"later"[..])
+            );
         }
     }
 }
@@ -125,7 +130,7 @@ fn a_rebuild_never_brings_back_a_key_whose_remove_record_is_damaged() {
 fn populate(dir: &Path, n: u64) {
     let tier = DiskTier::open(small(dir)).unwrap();
     for i in 0..n {
-        tier.store(&key(i), &payload(i, 0, 1000)).unwrap();
+        tier.store_blocking(&key(i), &payload(i, 0, 1000)).unwrap();
     }
     tier.close().unwrap();
 }
@@ -161,7 +166,10 @@ fn opening_with_a_middle_segment_missing_drops_its_keys() {
     assert_eq!(tier.len(), 400 - lost.len() as u64);
     assert_eq!(tier.stats().missing_segment_keys, lost.len() as u64);
     for i in (0..400).filter(|i| !lost.contains(i)) {
-        assert_eq!(tier.load(&key(i)).unwrap(), Some(payload(i, 0, 1000)));
+        assert_eq!(
+            tier.load_blocking(&key(i)).unwrap(),
+            Some(payload(i, 0, 1000))
+        );
     }
 }
 
@@ -175,7 +183,7 @@ fn a_load_from_a_deleted_segment_removes_the_entry_and_counts() {
     std::fs::remove_file(segment(dir.path(), 2)).unwrap();
     let k = key(lost[0]);
     assert!(tier.contains_many(std::slice::from_ref(&k)).unwrap()[0]);
-    assert_eq!(tier.load(&k).unwrap(), None);
+    assert_eq!(tier.load_blocking(&k).unwrap(), None);
     assert!(
         !tier.contains_many(std::slice::from_ref(&k)).unwrap()[0],
         "a failed load left a permanent hit"
@@ -198,11 +206,11 @@ fn huge_index_counters_are_recounted_not_trusted() {
         let tier = DiskTier::open(small(dir.path())).unwrap();
         assert_eq!(tier.len(), 20, "counter at {at} = {value}");
         for i in 20..200 {
-            tier.store(&key(i), &payload(i, 0, 100)).unwrap();
+            tier.store_blocking(&key(i), &payload(i, 0, 100)).unwrap();
         }
         assert_eq!(tier.len(), 200);
         for i in 0..200 {
-            assert!(tier.load(&key(i)).unwrap().is_some());
+            assert!(tier.load_blocking(&key(i)).unwrap().is_some());
         }
     }
 }
@@ -215,14 +223,17 @@ fn a_header_len_of_2_pow_61_does_not_make_a_failed_store_visible() {
     write_counter(dir.path(), COUNTERS_AT + 8, 1 << 61);
     let tier = DiskTier::open(small(dir.path())).unwrap();
     for i in 100..200 {
-        match tier.store(&key(i), b"v") {
-            Ok(()) => assert_eq!(tier.load(&key(i)).unwrap().as_deref(), Some(&b"v"[..])),
+        match tier.store_blocking(&key(i), b"v") {
+            Ok(()) => assert_eq!(
+                tier.load_blocking(&key(i)).unwrap().as_deref(),
+                Some(&b"v"[..])
+            ),
             Err(err) => {
                 assert!(
                     !tier.contains_many(&[key(i)]).unwrap()[0],
                     "store of {i} failed ({err}) yet its key is visible"
                 );
-                assert_eq!(tier.load(&key(i)).unwrap(), None);
+                assert_eq!(tier.load_blocking(&key(i)).unwrap(), None);
             }
         }
     }
@@ -240,7 +251,7 @@ fn a_segment_named_with_the_largest_id_is_a_typed_error() {
         Err(other) => panic!("expected SegmentIdOutOfRange, got {other}"),
         Ok(tier) => {
             // Whatever it does, a store it acknowledges must be visible.
-            tier.store(&key(100), b"v").unwrap();
+            tier.store_blocking(&key(100), b"v").unwrap();
             panic!(
                 "opened; the acknowledged store is visible: {}",
                 tier.contains_many(&[key(100)]).unwrap()[0]
@@ -264,7 +275,7 @@ fn a_load_that_cannot_read_its_segment_removes_the_entry_and_counts() {
     std::fs::remove_file(segment(dir.path(), 2)).unwrap();
     std::fs::create_dir(segment(dir.path(), 2)).unwrap();
     let k = key(lost[0]);
-    match tier.load(&k) {
+    match tier.load_blocking(&k) {
         Err(DiskError::Io { .. }) => {}
         other => panic!("expected an I/O error, got {other:?}"),
     }
@@ -274,5 +285,5 @@ fn a_load_that_cannot_read_its_segment_removes_the_entry_and_counts() {
     );
     assert_eq!(tier.stats().corrupt_loads, 1);
     // The error is reported once; after it the key is a plain miss.
-    assert_eq!(tier.load(&k).unwrap(), None);
+    assert_eq!(tier.load_blocking(&k).unwrap(), None);
 }

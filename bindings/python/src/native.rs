@@ -82,7 +82,7 @@ pub(crate) fn store(
         Native::Redis(t) => block_on(py, "redis store", BlockStore::store(t.as_ref(), key, &data)),
         Native::S3(t) => block_on(py, "s3 store", BlockStore::store(&**t, key, &data)),
         Native::Disk(t) => py
-            .allow_threads(|| t.store(key, &data))
+            .allow_threads(|| t.store_blocking(key, &data))
             .map_err(|e| TierError::new_err(format!("disk store failed: {e}"))),
         Native::None => Ok(()),
     }
@@ -93,7 +93,7 @@ pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResul
         Native::Redis(t) => block_on(py, "redis load", BlockStore::load(t.as_ref(), key)),
         Native::S3(t) => block_on(py, "s3 load", BlockStore::load(&**t, key)),
         Native::Disk(t) => py
-            .allow_threads(|| t.load(key))
+            .allow_threads(|| t.load_blocking(key))
             .map_err(|e| TierError::new_err(format!("disk load failed: {e}"))),
         Native::None => Ok(None),
     }
@@ -104,7 +104,7 @@ pub(crate) fn remove(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyRes
         Native::Redis(t) => block_on(py, "redis remove", BlockStore::remove(t.as_ref(), key)),
         Native::S3(t) => block_on(py, "s3 remove", BlockStore::remove(&**t, key)),
         Native::Disk(t) => py
-            .allow_threads(|| t.remove(key))
+            .allow_threads(|| t.remove_blocking(key))
             .map(drop)
             .map_err(|e| TierError::new_err(format!("disk remove failed: {e}"))),
         Native::None => Ok(()),

@@ -46,7 +46,7 @@ fn config(path: &Path, slots: u64) -> DiskConfig {
 pub fn filled_tier(path: &Path, n: u64) -> DiskTier {
     let tier = DiskTier::open(config(path, n * 2)).expect("open the bench tier");
     for i in 0..n {
-        tier.store(&key(i), &i.to_le_bytes().repeat(2))
+        tier.store_blocking(&key(i), &i.to_le_bytes().repeat(2))
             .expect("store a bench key");
     }
     tier.close().expect("close the bench tier");

@@ -32,3 +32,17 @@ pub fn small(dir: &Path) -> DiskConfig {
         ..DiskConfig::new(dir)
     }
 }
+
+// The on-disk layout (format version 1, documented in the crate's private
+// `format` module, whose unit tests pin these values): where the tests write
+// their damage.
+
+/// Where the index header's unchecksummed counters start.
+pub const COUNTERS_AT: usize = 512;
+/// Bytes of a segment record before its key.
+pub const RECORD_HEADER_SIZE: usize = 32;
+
+/// Bytes of one record on disk: header, key, payload, padded to 8.
+pub fn record_size(key_len: usize, payload_len: usize) -> usize {
+    (RECORD_HEADER_SIZE + key_len + payload_len + 7) & !7
+}

@@ -1,10 +1,12 @@
 //! W5, the disk tier: batch lookups next to a `HashSet` and to one `stat()`
-//! per file, reopen time, and store throughput next to a raw write.
+//! per file, reopen time, lookup latency while stores trigger a rehash, and
+//! store throughput next to a raw write.
 
 use std::hint::black_box;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use examples::{Rng, key_from_id, quantile};
+use examples::{Rng, key_from_id, micros, quantile};
 use kvtier_core::OffloadKey;
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use serde_json::{Value, json};
@@ -37,7 +39,7 @@ fn fill_disk(path: &std::path::Path, n: u64) -> Result<(), Failure> {
         ..disk_config(path, FsyncPolicy::Never)
     })?;
     for i in 0..n {
-        tier.store(&key_from_id(i, 36), &i.to_le_bytes().repeat(2))?;
+        tier.store_blocking(&key_from_id(i, 36), &i.to_le_bytes().repeat(2))?;
     }
     tier.close()?;
     Ok(())
@@ -57,7 +59,8 @@ fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), Failure>) -> Result<
 /// W5: the disk tier. Lookups of 1,024-key batches (half present) over a
 /// 1M-key index next to an in-memory HashSet and to one stat() per key on
 /// one-file-per-block storage (vLLM's file-system tier); reopen time at 10k
-/// and 1M keys; store throughput of 256 KiB payloads next to a raw
+/// and 1M keys; lookup latency while stores grow the 1M-key index past a
+/// rehash; store throughput of 256 KiB payloads next to a raw
 /// sequential write of the same bytes.
 pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
     let n_keys: u64 = if cli.quick { 100_000 } else { 1_000_000 };
@@ -146,6 +149,7 @@ pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
     };
     let reopen_10k = median_ms(5, || reopen(small.path()))?;
     let reopen_1m = median_ms(5, || reopen(big.path()))?;
+    let during_rehash = lookups_during_rehash(big.path(), n_keys, &batches_big)?;
     drop(big);
     drop(small);
 
@@ -159,7 +163,7 @@ pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
         let tier = DiskTier::open(disk_config(dir.path(), fsync))?;
         let t = Instant::now();
         for i in 0..payloads {
-            tier.store(&key_from_id(i as u64, 36), &block)?;
+            tier.store_blocking(&key_from_id(i as u64, 36), &block)?;
         }
         tier.sync()?;
         store_rates.push(mb / t.elapsed().as_secs_f64());
@@ -193,6 +197,15 @@ pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
         "reopen_ms_10k": round3(reopen_10k),
         "reopen_ms_1m": round3(reopen_1m),
         "reopen_ratio": round3(reopen_1m / reopen_10k),
+        "lookup_during_rehash_p50_us": round3(during_rehash.p50_us),
+        "lookup_during_rehash_p99_us": round3(during_rehash.p99_us),
+        "lookup_during_rehash_max_us": round3(during_rehash.max_us),
+        "lookup_during_rehash_service_p99_us": round3(during_rehash.service_p99_us),
+        "lookup_during_rehash_no_writer_p99_us": round3(during_rehash.no_writer_p99_us),
+        "lookup_during_rehash_lookups": during_rehash.lookups,
+        "lookup_during_rehash_stores": during_rehash.stores,
+        "lookup_during_rehash_rehashes": during_rehash.rehashes,
+        "lookup_during_rehash_interval_us": REHASH_LOOKUP_INTERVAL.as_micros() as u64,
         "mb_per_s": round3(store_rates[0]),
         "baseline_mb_per_s": round3(raw_rates[0]),
         "ratio": round3(store_rates[0] / raw_rates[0]),
@@ -200,4 +213,110 @@ pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
         "baseline_mb_per_s_fsync_each": round3(raw_rates[1]),
         "ratio_fsync_always": round3(store_rates[1] / raw_rates[1]),
     }))
+}
+
+/// Lookups issued while stores grow the index, one every this often.
+const REHASH_LOOKUP_INTERVAL: Duration = Duration::from_millis(2);
+
+/// What [`lookups_during_rehash`] measured.
+struct DuringRehash {
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    /// p99 of the lookups' own time (from their actual start).
+    service_p99_us: f64,
+    /// p99 of the same schedule without the writer (the machine alone).
+    no_writer_p99_us: f64,
+    lookups: usize,
+    stores: u64,
+    rehashes: u64,
+}
+
+/// Lookup latency while stores trigger a rehash (issue 12 item 3): the
+/// filled index at `path` (`n_keys` keys at about 48 % load) takes new keys
+/// on a writer thread until it has grown past 70 % load and rehashed, and a
+/// tenth as many after the swap; meanwhile this thread looks up `batches`
+/// (half present) on a fixed schedule, one every [`REHASH_LOOKUP_INTERVAL`].
+/// Each latency counts from the lookup's scheduled start, so a lookup held
+/// up by the writer, and every one queued behind it, counts in full (no
+/// coordinated omission). Every answer is checked. The same schedule
+/// without the writer, for 2 s before it starts, is the baseline.
+fn lookups_during_rehash(
+    path: &std::path::Path,
+    n_keys: u64,
+    batches: &[Vec<OffloadKey>],
+) -> Result<DuringRehash, Failure> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tier = Arc::new(DiskTier::open(disk_config(path, FsyncPolicy::Never))?);
+    let idle_until = Instant::now() + Duration::from_secs(2);
+    let (mut idle, _) = paced(&tier, batches, || Instant::now() >= idle_until)?;
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (tier, done) = (Arc::clone(&tier), Arc::clone(&done));
+        std::thread::spawn(move || -> Result<u64, String> {
+            // Far above the absent keys of the batches (n_keys..2 * n_keys).
+            const FIRST: u64 = 1 << 40;
+            let before = tier.stats().rehashes;
+            let mut id = FIRST;
+            let mut after_swap = None;
+            let result = loop {
+                if let Err(err) = tier.store_blocking(&key_from_id(id, 36), &id.to_le_bytes()) {
+                    break Err(err.to_string());
+                }
+                id += 1;
+                match after_swap {
+                    None if id.is_multiple_of(1024) && tier.stats().rehashes > before => {
+                        after_swap = Some(id + n_keys / 10);
+                    }
+                    Some(end) if id >= end => break Ok(id - FIRST),
+                    _ => {}
+                }
+            };
+            done.store(true, Ordering::Release);
+            result
+        })
+    };
+    let (mut samples, mut service) = paced(&tier, batches, || done.load(Ordering::Acquire))?;
+    let stores = writer.join().map_err(|_| "the writer thread panicked")??;
+    let rehashes = tier.stats().rehashes;
+    let lookups = samples.len();
+    Ok(DuringRehash {
+        p50_us: quantile(&mut samples, 0.5),
+        p99_us: quantile(&mut samples, 0.99),
+        max_us: quantile(&mut samples, 1.0),
+        service_p99_us: quantile(&mut service, 0.99),
+        no_writer_p99_us: quantile(&mut idle, 0.99),
+        lookups,
+        stores,
+        rehashes,
+    })
+}
+
+/// Looks up `batches` in turn, one every [`REHASH_LOOKUP_INTERVAL`], until
+/// `stop`; returns the latencies from each scheduled start and from each
+/// actual start, in microseconds. Checks every answer.
+fn paced(
+    tier: &DiskTier,
+    batches: &[Vec<OffloadKey>],
+    stop: impl Fn() -> bool,
+) -> Result<(Vec<f64>, Vec<f64>), Failure> {
+    let (mut samples, mut service) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    while !stop() {
+        let due = start + REHASH_LOOKUP_INTERVAL * samples.len() as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let batch = &batches[samples.len() % batches.len()];
+        let began = Instant::now();
+        let hits = tier.contains_many(batch)?.iter().filter(|&&f| f).count();
+        service.push(micros(began.elapsed()));
+        samples.push(micros(due.elapsed()));
+        // Present keys are below `n_keys`, absent ones far above any store.
+        let present = batch.iter().step_by(2).count();
+        if hits != present {
+            return Err(format!("a lookup found {hits} of {present} present keys").into());
+        }
+    }
+    Ok((samples, service))
 }
