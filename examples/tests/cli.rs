@@ -70,6 +70,14 @@ fn invalid_arguments_are_rejected_by_clap() {
             &["--redis-ca", "/tmp/ca.pem"][..],
             "the following required arguments were not provided",
         ),
+        (
+            &["--prometheus", "nonsense"][..],
+            "invalid value 'nonsense' for '--prometheus",
+        ),
+        (
+            &["--prometheus-linger-ms", "5"][..],
+            "the following required arguments were not provided",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_scheduler_sim"))
             .args(args)
@@ -173,4 +181,12 @@ fn s3_without_credentials_says_so() {
         .output()
         .expect("scheduler_sim runs");
     assert_one_line_cause(&out, &["scheduler_sim: s3 tier:", "credentials"]);
+}
+
+#[test]
+fn a_prometheus_address_in_use_is_one_line_naming_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    let out = sim(&["--prometheus", &addr]);
+    assert_one_line_cause(&out, &["prometheus", &addr, "in use"]);
 }

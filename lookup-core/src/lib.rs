@@ -82,6 +82,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Metrics
+//!
+//! Every manager publishes its counters (lookups, hits, misses, errors,
+//! timeouts, deferred and forced misses, tier calls), gauges (calls in
+//! flight, tracked and queued keys) and histograms (time to verdict, tier
+//! call duration, keys per call) through the [`metrics`](::metrics) facade,
+//! labelled `tier`, to whatever exporter the program installs before it
+//! builds its managers. The [`metrics` module](crate::metrics) lists the
+//! names. None of this runs on the lookup path, and
+//! [`AsyncLookupManager::stats`] is unchanged.
+//!
 //! # Crate features
 //!
 //! - `testkit`: adds the `testkit` module, the conformance suite every tier
@@ -96,6 +107,7 @@ mod error;
 mod key;
 pub mod ledger;
 mod manager;
+pub mod metrics;
 mod runtime;
 mod stack;
 mod stats;

@@ -10,6 +10,7 @@ use crate::config::ManagerConfig;
 use crate::error::{LookupError, ManagerError, TierError, TierErrorKind};
 use crate::key::{OffloadKey, ReqContext};
 use crate::ledger::{CallOutcome, LazyNow, Ledger, LookupVerdict, PrefixVerdict};
+use crate::metrics::TierMetrics;
 use crate::runtime::Spawner;
 use crate::stats::ManagerStats;
 use crate::tier::Tier;
@@ -63,6 +64,7 @@ pub struct AsyncLookupManager<T: Tier> {
     notify: Arc<Notify>,
     shutdown_timeout: Duration,
     shutdown: Option<ShutdownReport>,
+    metrics: TierMetrics,
 }
 
 /// What [`AsyncLookupManager::shutdown`] or
@@ -195,6 +197,7 @@ impl<T: Tier> AsyncLookupManager<T> {
             ..config.clone()
         });
         Ok(Self {
+            metrics: TierMetrics::new(&config.tier_name),
             ledger,
             tier,
             worker: links.handle,
@@ -283,6 +286,7 @@ impl<T: Tier> AsyncLookupManager<T> {
         self.apply_results(now);
         self.ledger.flush(now);
         self.start_calls(now);
+        self.metrics.publish(&self.ledger.metrics_view(), now);
     }
 
     /// Applies every result that has arrived, expires calls past their
@@ -295,6 +299,7 @@ impl<T: Tier> AsyncLookupManager<T> {
         if self.shutdown.is_none() {
             self.start_calls(now);
         }
+        self.metrics.publish(&self.ledger.metrics_view(), now);
     }
 
     fn apply_results(&mut self, now: Instant) {
@@ -308,6 +313,7 @@ impl<T: Tier> AsyncLookupManager<T> {
 
     fn start_calls(&mut self, now: Instant) {
         while let Some(call) = self.ledger.next_call(now) {
+            self.metrics.call_started(call.keys.len());
             if let Err(id) = self.worker.send(call) {
                 // The worker is gone: never leave keys pending forever.
                 self.ledger.complete(
@@ -418,6 +424,7 @@ impl<T: Tier> AsyncLookupManager<T> {
         self.apply_results(now);
         let abandoned_calls = self.ledger.running_calls();
         self.ledger.abandon_running(now);
+        self.metrics.publish_all(&self.ledger.metrics_view(), now);
         if !worker_stopped {
             tracing::warn!(
                 tier = %self.ledger.tier_name(),
@@ -446,6 +453,9 @@ impl<T: Tier> Drop for AsyncLookupManager<T> {
     fn drop(&mut self) {
         if self.shutdown.is_none() {
             self.worker.abort();
+            // The last counts, so an exporter sees every lookup answered.
+            self.metrics
+                .publish_all(&self.ledger.metrics_view(), Instant::now());
         }
     }
 }

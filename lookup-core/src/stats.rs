@@ -95,6 +95,15 @@ impl LatencyHistogram {
         self.0.saturating_record(us.clamp(1, Self::MAX_US));
     }
 
+    /// The samples, for the metrics export.
+    pub(crate) fn raw(&self) -> &Histogram<u64> {
+        &self.0
+    }
+
+    pub(crate) fn raw_mut(&mut self) -> &mut Histogram<u64> {
+        &mut self.0
+    }
+
     pub(crate) fn summary(&self) -> LatencySummary {
         let h = &self.0;
         if h.is_empty() {

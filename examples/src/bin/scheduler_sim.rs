@@ -20,6 +20,10 @@
 //!     --s3 kvtier-test --s3-endpoint http://127.0.0.1:19000 --plot
 //! ```
 //!
+//! With `--prometheus 127.0.0.1:9000`, every tier's counters and histograms
+//! (see `kvtier_core::metrics`) are served in Prometheus text format while
+//! the simulation runs (and `--prometheus-linger-ms` after it ends).
+//!
 //! Every tier is checked before the run (Redis answers PING, S3 finds the
 //! bucket with these credentials); a tier that fails the check ends the
 //! program with a non-zero exit and one line naming the tier and the cause.
@@ -125,6 +129,14 @@ struct Cli {
     /// Print the summary as one JSON line.
     #[arg(long)]
     json: bool,
+    /// Serve every tier's metrics (kvtier_core::metrics) in Prometheus text
+    /// format at http://ADDR/ (any path), e.g. 127.0.0.1:9000.
+    #[arg(long, value_name = "ADDR")]
+    prometheus: Option<std::net::SocketAddr>,
+    /// After the summary, keep serving --prometheus this many milliseconds
+    /// before exiting, so that a scraper sees the final counters.
+    #[arg(long, value_name = "MS", requires = "prometheus")]
+    prometheus_linger_ms: Option<u64>,
 }
 
 /// A count of at least 1.
@@ -240,6 +252,14 @@ fn prompts(cli: &Cli, rng: &mut Rng) -> Vec<Vec<OffloadKey>> {
 
 #[allow(clippy::too_many_lines)]
 fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::Error>> {
+    // Before any manager exists: each registers its metrics with the
+    // recorder installed when it is built.
+    if let Some(addr) = cli.prometheus {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| format!("prometheus exporter on {addr}: {}", one_line(&e)))?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -669,6 +689,9 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Box<dyn std::error::
         // Writes that failed (timeouts under load) leave blocks out of a
         // tier; lookups stay correct, so this is reported, not fatal.
         eprintln!("scheduler_sim: warning: {failed_stores} background store batches failed");
+    }
+    if let Some(ms) = cli.prometheus_linger_ms {
+        std::thread::sleep(Duration::from_millis(ms));
     }
     // Failure means a wrong answer or leaked state, never a slow tier.
     Ok(verdict_errors == 0 && state_empty && finished == cli.requests)

@@ -1003,6 +1003,30 @@ impl Ledger {
             && self.batch.is_empty()
     }
 
+    /// The counters and histograms as they are, for the metrics export:
+    /// cheap enough for every flush (no summary, no allocation).
+    pub(crate) fn metrics_view(&self) -> crate::metrics::LedgerView<'_> {
+        let c = &self.counters;
+        crate::metrics::LedgerView {
+            lookups: c.lookups,
+            hits: c.hits,
+            misses: c.misses,
+            errors: c.errors,
+            timeouts: c.timeouts,
+            deferred: c.deferred,
+            forced_misses: c.forced_misses,
+            stale_results_dropped: c.stale_results_dropped,
+            late_answers_dropped: c.late_answers_dropped,
+            calls_started: c.calls_started,
+            calls_finished: c.calls_finished,
+            calls_in_flight: self.running.len(),
+            tracked_keys: self.keys.len(),
+            queued_keys: self.queued_keys + self.batch.len,
+            time_to_verdict: &self.time_to_verdict,
+            tier_call_latency: &self.call_latency,
+        }
+    }
+
     /// A snapshot of the counters and histograms.
     pub fn stats(&self) -> ManagerStats {
         let c = &self.counters;

@@ -1,0 +1,229 @@
+//! The manager's metrics through the `metrics` facade equal its `stats()`:
+//! counters once published (at flush, at drain and at shutdown), and one
+//! histogram sample per tier call and per first verdict. A recorder local
+//! to the test thread collects what the manager publishes; the tier runs on
+//! the real worker. No test asserts a speed; time limits only stop a broken
+//! build from hanging.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvtier_core::{
+    AsyncLookupManager, LookupVerdict, ManagerConfig, ManagerStats, OffloadKey, ReqContext, Tier,
+    TierError, TierErrorKind, metrics as names,
+};
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+
+const GUARD: Duration = Duration::from_secs(20);
+
+/// Every sample of one histogram.
+#[derive(Default)]
+struct Samples(Mutex<Vec<f64>>);
+
+impl HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().expect("not poisoned").push(value);
+    }
+}
+
+/// Collects counters, gauges and histograms by (name, `tier` label).
+#[derive(Default)]
+struct Collect {
+    counters: Mutex<HashMap<(String, String), Arc<AtomicU64>>>,
+    gauges: Mutex<HashMap<(String, String), Arc<AtomicU64>>>,
+    histograms: Mutex<HashMap<(String, String), Arc<Samples>>>,
+}
+
+fn id(key: &Key) -> (String, String) {
+    let tier = key
+        .labels()
+        .find(|l| l.key() == names::TIER_LABEL)
+        .map(|l| l.value().to_owned())
+        .unwrap_or_default();
+    (key.name().to_owned(), tier)
+}
+
+impl Recorder for Collect {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let mut map = self.counters.lock().expect("not poisoned");
+        Counter::from_arc(Arc::clone(map.entry(id(key)).or_default()))
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        let mut map = self.gauges.lock().expect("not poisoned");
+        Gauge::from_arc(Arc::clone(map.entry(id(key)).or_default()))
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        let mut map = self.histograms.lock().expect("not poisoned");
+        Histogram::from_arc(Arc::clone(map.entry(id(key)).or_default()))
+    }
+}
+
+impl Collect {
+    fn counter(&self, name: &str, tier: &str) -> u64 {
+        let map = self.counters.lock().expect("not poisoned");
+        map.get(&(name.to_owned(), tier.to_owned()))
+            .unwrap_or_else(|| panic!("{name} of {tier} not registered"))
+            .load(Ordering::Relaxed)
+    }
+    fn gauge(&self, name: &str, tier: &str) -> f64 {
+        let map = self.gauges.lock().expect("not poisoned");
+        let bits = map
+            .get(&(name.to_owned(), tier.to_owned()))
+            .unwrap_or_else(|| panic!("{name} of {tier} not registered"))
+            .load(Ordering::Relaxed);
+        f64::from_bits(bits)
+    }
+    fn samples(&self, name: &str, tier: &str) -> Vec<f64> {
+        let map = self.histograms.lock().expect("not poisoned");
+        map.get(&(name.to_owned(), tier.to_owned()))
+            .unwrap_or_else(|| panic!("{name} of {tier} not registered"))
+            .0
+            .lock()
+            .expect("not poisoned")
+            .clone()
+    }
+
+    /// Every counter equals the field of the same meaning in `stats`.
+    fn assert_counters_equal(&self, stats: &ManagerStats) {
+        let tier = stats.tier.as_str();
+        for (name, expected) in [
+            (names::LOOKUPS, stats.lookups),
+            (names::HITS, stats.hits),
+            (names::MISSES, stats.misses),
+            (names::ERRORS, stats.errors),
+            (names::TIMEOUTS, stats.timeouts),
+            (names::DEFERRED, stats.deferred),
+            (names::FORCED_MISSES, stats.forced_misses),
+            (names::STALE_RESULTS_DROPPED, stats.stale_results_dropped),
+            (names::LATE_ANSWERS_DROPPED, stats.late_answers_dropped),
+            (names::CALLS_STARTED, stats.calls_started),
+            (names::CALLS_FINISHED, stats.calls_finished),
+        ] {
+            assert_eq!(self.counter(name, tier), expected, "{name} of {tier}");
+        }
+    }
+}
+
+/// Even first bytes exist; request "broken" fails every call.
+struct Evens;
+
+impl Tier for Evens {
+    async fn batch_lookup(
+        &self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<Vec<bool>, TierError> {
+        if ctx.req_id() == "broken" {
+            return Err(TierError::new(
+                TierErrorKind::Unavailable,
+                "broken on purpose",
+            ));
+        }
+        Ok(keys.iter().map(|k| k.as_bytes()[0] % 2 == 0).collect())
+    }
+}
+
+fn key(i: u8) -> OffloadKey {
+    OffloadKey::new(&[i; 36])
+}
+
+/// Looks every key up, flushing, until none is pending.
+fn resolve(m: &mut AsyncLookupManager<Evens>, keys: &[OffloadKey], ctx: &ReqContext) {
+    let start = Instant::now();
+    loop {
+        let mut pending = false;
+        for k in keys {
+            pending |= m.lookup(k, ctx).expect("valid key") == LookupVerdict::Pending;
+        }
+        if !pending {
+            return;
+        }
+        assert!(start.elapsed() < GUARD, "keys never resolved");
+        m.flush();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn published_metrics_equal_stats() {
+    let recorder = Collect::default();
+    // Handles are taken when the manager is built: with the recorder in place.
+    let mut m = metrics::with_local_recorder(&recorder, || {
+        AsyncLookupManager::new(
+            Evens,
+            ManagerConfig {
+                // Room for 8 new keys: the 9th of a step is deferred.
+                max_queued_keys: 8,
+                failure_backoff_ms: 60_000,
+                ..ManagerConfig::named("evens")
+            },
+        )
+        .expect("manager starts")
+    });
+    let tier = "evens";
+
+    let good = ReqContext::new("good");
+    let prompt: Vec<OffloadKey> = (0..10).map(key).collect();
+    resolve(&mut m, &prompt, &good);
+    let broken = ReqContext::new("broken");
+    let failing: Vec<OffloadKey> = (100..103).map(key).collect();
+    resolve(&mut m, &failing, &broken);
+    m.mark_miss(&prompt[..2]);
+    // A flush publishes what happened since the last one.
+    m.flush();
+    let stats = m.stats();
+    recorder.assert_counters_equal(&stats);
+    assert_eq!((stats.hits, stats.misses), (5, 5), "{stats:?}");
+    assert_eq!(stats.errors, 3, "{stats:?}");
+    assert!(stats.deferred > 0, "{stats:?}");
+    assert_eq!(stats.forced_misses, 2, "{stats:?}");
+    assert_eq!(
+        recorder.gauge(names::TRACKED_KEYS, tier),
+        stats.tracked_keys as f64
+    );
+    assert_eq!(recorder.gauge(names::CALLS_IN_FLIGHT, tier), 0.0);
+
+    // One keys-per-call sample per started call, adding up to the keys sent.
+    let per_call = recorder.samples(names::KEYS_PER_CALL, tier);
+    assert_eq!(per_call.len() as u64, stats.calls_started);
+    assert_eq!(
+        per_call.iter().sum::<f64>(),
+        13.0,
+        "10 good and 3 failing keys"
+    );
+
+    m.cleanup("good");
+    m.cleanup("broken");
+    m.shutdown();
+    // Shutdown publishes everything, the latency histograms in full.
+    let stats = m.stats();
+    recorder.assert_counters_equal(&stats);
+    let durations = recorder.samples(names::TIER_CALL_DURATION, tier);
+    assert_eq!(durations.len() as u64, stats.tier_call_latency.count);
+    assert_eq!(durations.len() as u64, stats.calls_finished);
+    let verdicts = recorder.samples(names::TIME_TO_VERDICT, tier);
+    assert_eq!(verdicts.len() as u64, stats.time_to_verdict.count);
+    assert!(!verdicts.is_empty());
+    // Seconds: every sample is at most the largest, in microseconds / 1e6.
+    let max_s = stats.time_to_verdict.max_us as f64 / 1e6;
+    assert!(
+        verdicts.iter().all(|&s| s > 0.0 && s <= max_s * 1.001),
+        "{verdicts:?} vs max {max_s}"
+    );
+}
+
+#[test]
+fn a_manager_built_without_a_recorder_publishes_nothing_and_works() {
+    let mut m = AsyncLookupManager::new(Evens, ManagerConfig::named("quiet")).expect("starts");
+    let ctx = ReqContext::new("r");
+    resolve(&mut m, &[key(2), key(3)], &ctx);
+    assert_eq!(m.stats().hits, 1);
+    m.shutdown();
+}
