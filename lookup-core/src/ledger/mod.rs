@@ -155,12 +155,13 @@ impl SharedSlots {
     fn insert(&mut self, slot: Slot) -> bool {
         match self {
             Self::Few(slots) => {
-                if slots.contains(&slot) {
+                // A branch-free scan (vectorised), not `contains`.
+                if slots.iter().fold(false, |seen, &s| seen | (s == slot)) {
                     return false;
                 }
                 if slots.len() < SHARED_INLINE {
                     if slots.capacity() == 0 {
-                        slots.reserve_exact(RUN_CAPACITY);
+                        slots.reserve_exact(SHARED_INLINE);
                     }
                     slots.push(slot);
                 } else {
