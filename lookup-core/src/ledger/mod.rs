@@ -1137,6 +1137,34 @@ mod tests {
     }
 
     #[test]
+    fn first_verdicts_of_one_flush_share_one_clock_read_until_an_answer() {
+        let mut l = ledger();
+        let t0 = Instant::now();
+        let ctx = ReqContext::new("a");
+        let keys: Vec<OffloadKey> = (0..3u8).map(|i| OffloadKey::new(&[i + 1; 36])).collect();
+        for key in &keys[..2] {
+            l.lookup(key, &ctx, &mut LazyNow::at(t0)).unwrap();
+        }
+        answer_all(&mut l, t0);
+        let ms = Duration::from_millis;
+        // Two verdicts of the same flush in one step: timed at the first read.
+        l.lookup(&keys[0], &ctx, &mut LazyNow::at(t0 + ms(1)))
+            .unwrap();
+        l.lookup(&keys[1], &ctx, &mut LazyNow::at(t0 + ms(3)))
+            .unwrap();
+        let ttv = l.stats().time_to_verdict;
+        assert_eq!((ttv.count, ttv.max_us), (2, 1000), "{ttv:?}");
+        // A new flush and its answer start a new read.
+        l.lookup(&keys[2], &ctx, &mut LazyNow::at(t0)).unwrap();
+        answer_all(&mut l, t0);
+        l.lookup(&keys[2], &ctx, &mut LazyNow::at(t0 + ms(7)))
+            .unwrap();
+        let ttv = l.stats().time_to_verdict;
+        assert_eq!(ttv.count, 3, "{ttv:?}");
+        assert!((6990..=7010).contains(&ttv.max_us), "{ttv:?}");
+    }
+
+    #[test]
     fn a_request_sharing_many_keys_holds_each_once() {
         let mut l = ledger();
         let now = Instant::now();
