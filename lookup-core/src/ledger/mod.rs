@@ -155,13 +155,12 @@ impl SharedSlots {
     fn insert(&mut self, slot: Slot) -> bool {
         match self {
             Self::Few(slots) => {
-                // A branch-free scan (vectorised), not `contains`.
-                if slots.iter().fold(false, |seen, &s| seen | (s == slot)) {
+                if slots.contains(&slot) {
                     return false;
                 }
                 if slots.len() < SHARED_INLINE {
                     if slots.capacity() == 0 {
-                        slots.reserve_exact(SHARED_INLINE);
+                        slots.reserve_exact(RUN_CAPACITY);
                     }
                     slots.push(slot);
                 } else {
