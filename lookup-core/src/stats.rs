@@ -65,6 +65,9 @@ pub struct ManagerStats {
     /// Tier call duration.
     pub tier_call_latency: LatencySummary,
     /// Time from the flush that submitted a key to the lookup that first returned its verdict.
+    /// The clock is read once for the keys of one flush answered one after the other
+    /// (until the next flush or tier answer), at the first of them: a verdict returned
+    /// later in the same step is timed early by at most the step's own lookup time.
     pub time_to_verdict: LatencySummary,
     /// The first failed tier call's cause (an error, a timeout or a wrong
     /// number of results), as one line; `None` while no call has failed.
@@ -74,8 +77,17 @@ pub struct ManagerStats {
 }
 
 /// A microsecond histogram that never fails to record.
+///
+/// Equal samples in a row (the first verdicts of one step's keys mostly
+/// fall in the same microsecond) are counted in `run` and recorded at once
+/// when a different one comes, or at [`settle`](Self::settle): one histogram
+/// update per run instead of one per sample. The summary includes the run.
 #[derive(Debug, Clone)]
-pub(crate) struct LatencyHistogram(Histogram<u64>);
+pub(crate) struct LatencyHistogram {
+    hist: Histogram<u64>,
+    /// (value in µs, how many times in a row) not yet in `hist`.
+    run: (u64, u64),
+}
 
 impl LatencyHistogram {
     /// Up to one hour, three significant digits.
@@ -87,12 +99,29 @@ impl LatencyHistogram {
         let hist = Histogram::new_with_bounds(1, Self::MAX_US, 3)
             .or_else(|_| Histogram::new(3))
             .unwrap_or_else(|_| unreachable_histogram());
-        Self(hist)
+        Self { hist, run: (0, 0) }
     }
 
+    #[inline]
     pub(crate) fn record(&mut self, d: Duration) {
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.0.saturating_record(us.clamp(1, Self::MAX_US));
+        let us = u64::try_from(d.as_micros())
+            .unwrap_or(u64::MAX)
+            .clamp(1, Self::MAX_US);
+        if self.run.0 == us {
+            self.run.1 += 1;
+        } else {
+            self.settle();
+            self.run = (us, 1);
+        }
+    }
+
+    /// Records the run of equal samples still held back.
+    #[inline]
+    pub(crate) fn settle(&mut self) {
+        let (us, count) = std::mem::take(&mut self.run);
+        if count > 0 {
+            self.hist.saturating_record_n(us, count);
+        }
     }
 
     /// The samples, for the metrics export.
@@ -105,7 +134,12 @@ impl LatencyHistogram {
     }
 
     pub(crate) fn summary(&self) -> LatencySummary {
-        let h = &self.0;
+        if self.run.1 > 0 {
+            let mut settled = self.clone();
+            settled.settle();
+            return settled.summary();
+        }
+        let h = &self.hist;
         if h.is_empty() {
             return LatencySummary::default();
         }
@@ -126,5 +160,31 @@ fn unreachable_histogram() -> Histogram<u64> {
     match Histogram::new(1) {
         Ok(h) => h,
         Err(e) => unreachable!("hdrhistogram rejected sigfig 1: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_of_equal_samples_count_like_single_records() {
+        let samples = [5u64, 5, 5, 7, 7, 5, 1, 1, 0, 3_600_000_001];
+        let mut coalesced = LatencyHistogram::new();
+        let mut plain = Histogram::<u64>::new_with_bounds(1, LatencyHistogram::MAX_US, 3)
+            .expect("valid bounds");
+        for us in samples {
+            coalesced.record(Duration::from_micros(us));
+            plain.saturating_record(us.clamp(1, LatencyHistogram::MAX_US));
+            // The summary includes the run still held back, at every point.
+            let s = coalesced.summary();
+            assert_eq!(s.count, plain.len());
+            assert_eq!(s.max_us, plain.max());
+            assert_eq!(s.p50_us, plain.value_at_quantile(0.5));
+        }
+        coalesced.settle();
+        coalesced.settle();
+        assert_eq!(coalesced.summary().count, samples.len() as u64);
+        assert_eq!(coalesced.hist, plain);
     }
 }

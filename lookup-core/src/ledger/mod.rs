@@ -137,15 +137,42 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// fixed fast hasher is fine).
 type SlotSet = HashSet<Slot, foldhash::fast::FixedState>;
 
-/// Adds `slot` to a request's shared keys; whether it was new. The first
-/// one reserves room for a run of keys, rather than growing the set (and
-/// rehashing it) one key at a time.
-#[inline]
-fn share(shared: &mut SlotSet, slot: Slot) -> bool {
-    if shared.capacity() == 0 {
-        shared.reserve(RUN_CAPACITY);
+/// Up to this many shared keys a request keeps them in a vector, whose
+/// scan is cheaper than a hash set's probe; past it, in a set.
+const SHARED_INLINE: usize = 32;
+
+/// The keys created by another request that a request also refers to,
+/// each once.
+#[derive(Debug)]
+enum SharedSlots {
+    Few(Vec<Slot>),
+    Many(SlotSet),
+}
+
+impl SharedSlots {
+    /// Adds `slot`; whether it was new.
+    #[inline]
+    fn insert(&mut self, slot: Slot) -> bool {
+        match self {
+            Self::Few(slots) => {
+                if slots.contains(&slot) {
+                    return false;
+                }
+                if slots.len() < SHARED_INLINE {
+                    if slots.capacity() == 0 {
+                        slots.reserve_exact(RUN_CAPACITY);
+                    }
+                    slots.push(slot);
+                } else {
+                    let mut set: SlotSet = slots.drain(..).collect();
+                    set.insert(slot);
+                    *self = Self::Many(set);
+                }
+                true
+            }
+            Self::Many(set) => set.insert(slot),
+        }
     }
-    shared.insert(slot)
 }
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
@@ -160,7 +187,7 @@ struct RequestEntry {
     /// entries name it as `creator`, so no set membership is needed).
     created: Vec<Slot>,
     /// Keys created by another request that this one also refers to.
-    shared: SlotSet,
+    shared: SharedSlots,
 }
 
 #[derive(Debug)]
@@ -210,6 +237,10 @@ pub struct Ledger {
     /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
     /// instead of 16 in every key's state.
     epoch: Instant,
+    /// The flush time (ticks + 1) of the keys whose first verdicts are
+    /// being returned, and their time to verdict, read at the first of them
+    /// (see `record_first_verdict`); reset by a flush or an answer.
+    verdict_run: Option<(u64, u64)>,
     keys: KeyTable,
     /// Request id → its entry in `request_slab`.
     requests: FastMap<Arc<str>, Slot>,
@@ -261,6 +292,7 @@ impl Ledger {
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: Instant::now(),
+            verdict_run: None,
             keys: KeyTable::default(),
             requests: FastMap::default(),
             request_slab: Slab::default(),
@@ -303,18 +335,20 @@ impl Ledger {
         ctx: &ReqContext,
         now: &mut LazyNow,
     ) -> Result<LookupVerdict, LookupError> {
-        let len = key.len();
-        if len == 0 || len > self.max_key_len {
-            return Err(self.invalid_key(len));
-        }
         let entry = self.keys.find_entry(key);
-        let found = entry.map(|(slot, _)| slot);
+        let Some((found, state)) = entry else {
+            // Only valid keys enter the table: a tracked key needs no check.
+            let len = key.len();
+            if len == 0 || len > self.max_key_len {
+                return Err(self.invalid_key(len));
+            }
+            return Ok(self.lookup_slow(key, None, ctx, now));
+        };
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
         // already holds, whose verdict needs no clock and no bookkeeping.
         if let Some((id, _, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
-            && let Some((_, state)) = entry
             && state.last_req == *serial
         {
             let verdict = match state.phase {
@@ -334,7 +368,7 @@ impl Ledger {
                 return Ok(verdict);
             }
         }
-        Ok(self.lookup_slow(key, found, ctx, now))
+        Ok(self.lookup_slow(key, Some(found), ctx, now))
     }
 
     #[cold]
@@ -402,7 +436,7 @@ impl Ledger {
             if let Some(cold) = keys.cold.get_mut(slot as usize)
                 && cold.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
-                && share(&mut req.shared, slot)
+                && req.shared.insert(slot)
             {
                 cold.refs += 1;
             }
@@ -469,13 +503,26 @@ impl Ledger {
         LookupVerdict::Miss
     }
 
-    /// Records the time from the key's flush to its first verdict.
+    /// Records the time from the key's flush to its first verdict. The
+    /// clock is read once per run of first verdicts of keys flushed
+    /// together, until the next flush or answer: a scheduler's step asks
+    /// for them one after the other, and one read times them all (early by
+    /// at most the step's own lookup time).
+    #[inline]
     fn record_first_verdict(&mut self, slot: Slot, now: &mut LazyNow) {
         let flushed_at = self.keys.cold.get(slot as usize).map_or(0, |c| c.time);
-        if flushed_at > 0 {
-            let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
-            self.time_to_verdict.record(Duration::from_nanos(waited));
+        if flushed_at == 0 {
+            return;
         }
+        let waited = match self.verdict_run {
+            Some((run_flushed_at, waited)) if run_flushed_at == flushed_at => waited,
+            _ => {
+                let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
+                self.verdict_run = Some((flushed_at, waited));
+                waited
+            }
+        };
+        self.time_to_verdict.record(Duration::from_nanos(waited));
     }
 
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
@@ -530,7 +577,7 @@ impl Ledger {
                 let slot = self.request_slab.insert(RequestEntry {
                     serial,
                     created: Vec::new(),
-                    shared: SlotSet::default(),
+                    shared: SharedSlots::Few(Vec::new()),
                 })?;
                 self.next_serial += 1;
                 self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
@@ -576,6 +623,8 @@ impl Ledger {
     /// gets the new keys added to it (up to `max_keys_per_call`), so a
     /// backlog coalesces instead of growing a call per step.
     pub fn flush(&mut self, now: Instant) {
+        self.time_to_verdict.settle();
+        self.verdict_run = None;
         if self.batch.is_empty() {
             return;
         }
@@ -755,6 +804,7 @@ impl Ledger {
             self.counters.late_answers_dropped += 1;
             return;
         };
+        self.verdict_run = None;
         self.counters.calls_finished += 1;
         self.finish_group(call.step);
         self.call_latency.record(elapsed);
@@ -952,13 +1002,20 @@ impl Ledger {
         {
             self.last_request = None;
         }
-        for slot in entry.created.into_iter().chain(entry.shared) {
-            if let Some((state, cold)) = self.keys.get_both(slot) {
+        let release = |keys: &mut KeyTable, slot: Slot| {
+            if let Some((state, cold)) = keys.get_both(slot) {
                 cold.refs = cold.refs.saturating_sub(1);
                 if cold.refs == 0 && state.phase != Phase::InFlight {
-                    self.keys.remove(slot);
+                    keys.remove(slot);
                 }
             }
+        };
+        for slot in entry.created {
+            release(&mut self.keys, slot);
+        }
+        match entry.shared {
+            SharedSlots::Few(slots) => slots.into_iter().for_each(|s| release(&mut self.keys, s)),
+            SharedSlots::Many(set) => set.into_iter().for_each(|s| release(&mut self.keys, s)),
         }
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
@@ -1100,6 +1157,66 @@ mod tests {
             assert_eq!(l.stats().tracked_keys, tracked, "after cleanup of {req}");
         }
         assert!(l.is_empty());
+    }
+
+    #[test]
+    fn first_verdicts_of_one_flush_share_one_clock_read_until_an_answer() {
+        let mut l = ledger();
+        let t0 = Instant::now();
+        let ctx = ReqContext::new("a");
+        let keys: Vec<OffloadKey> = (0..3u8).map(|i| OffloadKey::new(&[i + 1; 36])).collect();
+        for key in &keys[..2] {
+            l.lookup(key, &ctx, &mut LazyNow::at(t0)).unwrap();
+        }
+        answer_all(&mut l, t0);
+        let ms = Duration::from_millis;
+        // Two verdicts of the same flush in one step: timed at the first read.
+        l.lookup(&keys[0], &ctx, &mut LazyNow::at(t0 + ms(1)))
+            .unwrap();
+        l.lookup(&keys[1], &ctx, &mut LazyNow::at(t0 + ms(3)))
+            .unwrap();
+        let ttv = l.stats().time_to_verdict;
+        assert_eq!((ttv.count, ttv.max_us), (2, 1000), "{ttv:?}");
+        // A new flush and its answer start a new read.
+        l.lookup(&keys[2], &ctx, &mut LazyNow::at(t0)).unwrap();
+        answer_all(&mut l, t0);
+        l.lookup(&keys[2], &ctx, &mut LazyNow::at(t0 + ms(7)))
+            .unwrap();
+        let ttv = l.stats().time_to_verdict;
+        assert_eq!(ttv.count, 3, "{ttv:?}");
+        assert!((6990..=7010).contains(&ttv.max_us), "{ttv:?}");
+    }
+
+    #[test]
+    fn a_request_sharing_many_keys_holds_each_once() {
+        let mut l = ledger();
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let keys: Vec<OffloadKey> = (0..2 * SHARED_INLINE as u32 + 3)
+            .map(|i| OffloadKey::new(&i.to_be_bytes()))
+            .collect();
+        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+        // a creates every key; b shares them, past the inline vector's
+        // room, and both ask again in turns: each ask after the other's
+        // must find b's reference instead of taking a second one.
+        for round in 0..3 {
+            for ctx in [&a, &b] {
+                for key in &keys {
+                    l.lookup(key, ctx, &mut lazy).unwrap();
+                }
+            }
+            if round == 0 {
+                answer_all(&mut l, now);
+            }
+        }
+        l.cleanup("b");
+        assert_eq!(
+            l.stats().tracked_keys,
+            keys.len(),
+            "a still refers to every key"
+        );
+        l.cleanup("a");
+        assert!(l.is_empty(), "{:?}", l.stats());
     }
 
     #[test]
