@@ -124,13 +124,15 @@ impl LatencyHistogram {
         }
     }
 
-    /// The samples, for the metrics export.
+    /// The recorded samples, for the metrics export: a run of equal samples
+    /// still held back shows at the next [`settle`](Self::settle) (every
+    /// flush).
     pub(crate) fn raw(&self) -> &Histogram<u64> {
-        &self.0
+        &self.hist
     }
 
     pub(crate) fn raw_mut(&mut self) -> &mut Histogram<u64> {
-        &mut self.0
+        &mut self.hist
     }
 
     pub(crate) fn summary(&self) -> LatencySummary {

@@ -624,6 +624,7 @@ impl Ledger {
     /// backlog coalesces instead of growing a call per step.
     pub fn flush(&mut self, now: Instant) {
         self.time_to_verdict.settle();
+        self.call_latency.settle();
         self.verdict_run = None;
         if self.batch.is_empty() {
             return;
@@ -1038,6 +1039,9 @@ impl Ledger {
                 now,
             );
         }
+        // Shutdown: every held-back time-to-verdict sample is recorded now.
+        self.time_to_verdict.settle();
+        self.call_latency.settle();
     }
 
     /// Whether any key waits for a flush or a call slot, or any call runs
