@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
 
 use kvtier_core::{
-    AsyncLookupManager, BlockStore, Blocking, DynLookupManager, LookupError, LookupVerdict,
-    ManagerConfig, ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
+    AsyncLookupManager, BlockStore, DynLookupManager, LookupError, LookupVerdict, ManagerConfig,
+    ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
 };
 use kvtier_disk::{DiskConfig, DiskTier};
 use kvtier_redis::{RedisConfig, RedisTier};
@@ -21,7 +21,7 @@ use kvtier_s3::S3Config;
 
 use crate::convert;
 use crate::native::{self, Native};
-use crate::pytier::{PyCalls, PyTier};
+use crate::pytier::{PyCalls, PyTier, PyTierTask};
 use crate::{KvtierError, ShutDownError};
 
 /// How long a lookup waits for a returned `batch_lookup`'s answers to be
@@ -243,7 +243,7 @@ impl PyManager {
         let cfg = manager_config(cfg, &tier_type);
         let weak = PyWeakrefReference::new(slf.as_any())?.unbind();
         let calls = Arc::new(PyCalls::default());
-        let tier = Arc::new(Blocking::new(PyTier::new(weak, Arc::clone(&calls))));
+        let tier = Arc::new(PyTierTask(Arc::new(PyTier::new(weak, Arc::clone(&calls)))));
         let hook_calls = Arc::clone(&calls);
         let tier_name = cfg.tier_name.clone();
         let manager = AsyncLookupManager::with_wake_hook(tier, cfg, move || {
