@@ -86,11 +86,6 @@ impl PyCalls {
         }
     }
 
-    /// Calls returned and not yet published (for tests of the accounting).
-    pub(crate) fn unpublished(&self) -> u64 {
-        self.unpublished.load(Ordering::Acquire)
-    }
-
     /// Waits (without the GIL) until every `batch_lookup` that has returned
     /// has had its answers published, at most `limit`: a lookup made right
     /// after a `batch_lookup` returned sees its answers.
