@@ -103,13 +103,13 @@ unsafe fn arguments<'py>(
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<[Borrowed<'py, 'py, PyAny>; 2]> {
-    let name = method.name.to_str().unwrap_or("method");
     let nargs = usize::try_from(nargs).unwrap_or(0);
     // SAFETY: see the function's contract.
     let at = |i: usize| unsafe { Borrowed::from_ptr(py, *args.add(i)) };
     if kwnames.is_null() && nargs == 2 {
         return Ok([at(0), at(1)]);
     }
+    let name = method.name.to_str().unwrap_or("method");
     if nargs > 2 {
         return Err(PyTypeError::new_err(format!(
             "{name}() takes 2 positional arguments but {nargs} were given"
@@ -121,7 +121,9 @@ unsafe fn arguments<'py>(
     }
     if !kwnames.is_null() {
         // SAFETY: a non-null `kwnames` is a tuple (the function's contract).
-        let names = unsafe { Borrowed::from_ptr(py, kwnames).downcast_unchecked::<PyTuple>() };
+        let names = unsafe { Borrowed::from_ptr(py, kwnames) };
+        // SAFETY: as above.
+        let names = unsafe { names.downcast_unchecked::<PyTuple>() };
         for (j, kw) in names.iter().enumerate() {
             let kw = kw.downcast::<PyString>()?.to_cow()?;
             let Some(index) = method.params.iter().position(|p| *p == kw) else {
@@ -185,7 +187,9 @@ unsafe fn call(
         // SAFETY: the method descriptor checked that `slf` is a `_Manager`
         // (or a subclass's) instance; the class is frozen, so a shared
         // reference to its Rust value is always allowed.
-        let manager = unsafe { Borrowed::from_ptr(py, slf).downcast_unchecked::<PyManager>() };
+        let slf = unsafe { Borrowed::from_ptr(py, slf) };
+        // SAFETY: as above.
+        let manager = unsafe { slf.downcast_unchecked::<PyManager>() };
         // SAFETY: forwarded from this function's contract.
         let params = unsafe { arguments(py, method, args, nargs, kwnames) }?;
         body(py, manager.get(), params)
