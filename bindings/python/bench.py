@@ -122,12 +122,15 @@ def make_memory_managers(ref_mod, present):
     return KvtierMemory(present), ReferenceMemory(present)
 
 
-def timed(fn, rounds: int) -> list[float]:
-    out = []
+def timed(fns, rounds: int) -> list[list[float]]:
+    """Times each of `fns` `rounds` times, interleaved round by round, so a
+    change of load on a shared machine weighs on every side alike."""
+    out = [[] for _ in fns]
     for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        fn()
-        out.append(time.perf_counter_ns() - t0)
+        for fn, times in zip(fns, out):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append(time.perf_counter_ns() - t0)
     return out
 
 
@@ -145,16 +148,17 @@ def bench_lookup(ref_mod, rounds: int) -> None:
             for k in keys:
                 lookup(k, ctx)
 
-    calls = reps * n_keys
-    ns_ours = statistics.median(timed(lambda: loop(ours), rounds)) / calls
-    ns_ref = statistics.median(timed(lambda: loop(ref), rounds)) / calls
-
     def many(m):
         lm = m.lookup_many
         for _ in range(reps):
             lm(keys, ctx)
 
-    ns_many = statistics.median(timed(lambda: many(ours), rounds)) / calls
+    calls = reps * n_keys
+    t_ours, t_ref, t_many = timed([lambda: loop(ours), lambda: loop(ref), lambda: many(ours)],
+                                  rounds)
+    ns_ours = statistics.median(t_ours) / calls
+    ns_ref = statistics.median(t_ref) / calls
+    ns_many = statistics.median(t_many) / calls
     ours.shutdown()
     ref.shutdown()
     emit({
@@ -195,8 +199,9 @@ def bench_step_loop(ref_mod, rounds: int) -> None:
                     ref.lookup(k, ctx)
             ref.flush()
 
-    us_ours = statistics.median(timed(ours_steps, rounds)) / steps / 1000
-    us_ref = statistics.median(timed(ref_steps, rounds)) / steps / 1000
+    t_ours, t_ref = timed([ours_steps, ref_steps], rounds)
+    us_ours = statistics.median(t_ours) / steps / 1000
+    us_ref = statistics.median(t_ref) / steps / 1000
     ours.shutdown()
     ref.shutdown()
     emit({

@@ -129,4 +129,4 @@ pub use stats::{LatencySummary, ManagerStats};
 pub use store::{BlockStore, DynBlockStore};
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
 pub use verdict::{LookupVerdict, PrefixVerdict};
-pub use worker::WakeHook;
+pub use worker::{WakeHook, current_call};

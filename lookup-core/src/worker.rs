@@ -36,6 +36,25 @@ use crate::tier::Tier;
 /// on the thread shutting it down.
 pub type WakeHook = Arc<dyn Fn() + Send + Sync + 'static>;
 
+tokio::task_local! {
+    /// The id of the tier call a task runs (see [`current_call`]).
+    static CURRENT_CALL: u64;
+}
+
+/// The id of the tier call the current task works for, unique among one
+/// manager's calls: the same number inside that call's
+/// [`Tier::batch_lookup`] future and inside the [`WakeHook`] run when its
+/// outcome is published (whether the tier answered, failed or timed out,
+/// even before it was called). `None` anywhere else, such as on the
+/// blocking thread of a [`SyncTier`](crate::SyncTier).
+///
+/// A tier and a wake hook can use it together to tell *which* call an
+/// outcome belongs to (say, to wait for the publication of one answer).
+#[must_use]
+pub fn current_call() -> Option<u64> {
+    CURRENT_CALL.try_with(|id| *id).ok()
+}
+
 pub(crate) enum Command {
     Call(TierCall),
     /// Stop taking calls, give running ones `grace` to answer, abort the rest.
@@ -206,13 +225,14 @@ async fn run<T: Tier>(
                         stopping: Arc::clone(&stopping),
                         sent: false,
                     };
-                    calls.spawn(run_call(
+                    let id = call.id.0;
+                    calls.spawn(CURRENT_CALL.scope(id, run_call(
                         Arc::clone(&tier),
                         call,
                         Arc::clone(&tier_name),
                         Arc::clone(&slots),
                         reply,
-                    ));
+                    )));
                 }
                 Some(Command::Shutdown { grace }) => {
                     let drained = tokio::time::timeout(grace, async {
@@ -275,9 +295,10 @@ async fn run_call<T: Tier>(
     let ctx = call.ctx.clone();
     // A task of its own, so a panic in the tier is caught as a JoinError and
     // a timeout (or this task's abort) cancels it.
-    let task = AbortOnDrop(tokio::spawn(
+    let task = AbortOnDrop(tokio::spawn(CURRENT_CALL.scope(
+        call.id.0,
         async move { tier.batch_lookup(&keys, &ctx).await }.instrument(span.clone()),
-    ));
+    )));
     let outcome = match tokio::time::timeout_at(call.deadline.into(), task).await {
         Ok(Ok(Ok(found))) => CallOutcome::Answered(found),
         Ok(Ok(Err(err))) => CallOutcome::Failed(err),

@@ -2,6 +2,7 @@
 //! keyword configurations, stats.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde::Serialize;
@@ -26,8 +27,20 @@ pub(crate) fn key(obj: &Bound<'_, PyAny>) -> PyResult<OffloadKey> {
 /// Keys from a list, a tuple or any iterable of `bytes`.
 pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
     if let Ok(list) = obj.downcast::<PyList>() {
-        let mut out = Vec::with_capacity(list.len());
-        for item in list.iter() {
+        let py = obj.py();
+        let len = list.len();
+        let mut out = Vec::with_capacity(len);
+        for index in 0..len {
+            // Borrowed items (no reference count traffic per key): nothing
+            // in this loop runs Python code, so the list cannot change
+            // under it; a failed conversion returns at once.
+            // SAFETY: `list` is a list and `index` is within its length.
+            let item = unsafe { ffi::PyList_GetItem(list.as_ptr(), index as ffi::Py_ssize_t) };
+            if item.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            // SAFETY: a non-null item of a list we hold is a valid object.
+            let item = unsafe { Borrowed::from_ptr(py, item) };
             out.push(key(&item)?);
         }
         return Ok(out);

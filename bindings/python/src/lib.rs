@@ -7,6 +7,7 @@
 //! lookups never take the GIL; plus `TierStack` and the exceptions.
 
 mod convert;
+mod fast;
 mod manager;
 mod native;
 mod pytier;
@@ -39,6 +40,7 @@ create_exception!(
 fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<manager::PyManager>()?;
+    fast::install(py, &py.get_type::<manager::PyManager>())?;
     m.add_class::<stack::PyTierStack>()?;
     m.add("KvtierError", py.get_type::<KvtierError>())?;
     m.add("TierError", py.get_type::<TierError>())?;

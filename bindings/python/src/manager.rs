@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
 
 use kvtier_core::{
-    AsyncLookupManager, BlockStore, Blocking, DynLookupManager, LookupError, LookupVerdict,
-    ManagerConfig, ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
+    AsyncLookupManager, BlockStore, DynLookupManager, LookupError, LookupVerdict, ManagerConfig,
+    ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
 };
 use kvtier_disk::{DiskConfig, DiskTier};
 use kvtier_redis::{RedisConfig, RedisTier};
@@ -21,7 +21,7 @@ use kvtier_s3::S3Config;
 
 use crate::convert;
 use crate::native::{self, Native};
-use crate::pytier::{PyCalls, PyTier};
+use crate::pytier::{PyCalls, PyTier, PyTierTask};
 use crate::{KvtierError, ShutDownError};
 
 /// How long a lookup waits for a returned `batch_lookup`'s answers to be
@@ -148,8 +148,12 @@ impl Inner {
             }
             (f(core.manager.as_mut(), &rc), replaced)
         });
-        // Released after the lock: a finalizer may run Python code.
-        drop(replaced);
+        // Released after the lock (a finalizer may run Python code), with a
+        // direct decref: the METH_FASTCALL entry points do not count the
+        // GIL in PyO3's books, where a plain drop would defer it.
+        for obj in replaced {
+            drop(obj.into_bound(py));
+        }
         Ok(result)
     }
 }
@@ -162,11 +166,13 @@ pub(crate) fn lookup_err(e: LookupError) -> PyErr {
     }
 }
 
-fn verdict(py: Python<'_>, v: LookupVerdict) -> PyObject {
+/// The singleton `True`, `False` or `None` of a verdict.
+#[inline]
+fn verdict(py: Python<'_>, v: LookupVerdict) -> Bound<'_, PyAny> {
     match v {
-        LookupVerdict::Hit => PyBool::new(py, true).to_owned().into_any().unbind(),
-        LookupVerdict::Miss => PyBool::new(py, false).to_owned().into_any().unbind(),
-        LookupVerdict::Pending => py.None(),
+        LookupVerdict::Hit => PyBool::new(py, true).to_owned().into_any(),
+        LookupVerdict::Miss => PyBool::new(py, false).to_owned().into_any(),
+        LookupVerdict::Pending => py.None().into_bound(py),
     }
 }
 
@@ -243,7 +249,7 @@ impl PyManager {
         let cfg = manager_config(cfg, &tier_type);
         let weak = PyWeakrefReference::new(slf.as_any())?.unbind();
         let calls = Arc::new(PyCalls::default());
-        let tier = Arc::new(Blocking::new(PyTier::new(weak, Arc::clone(&calls))));
+        let tier = Arc::new(PyTierTask(Arc::new(PyTier::new(weak, Arc::clone(&calls)))));
         let hook_calls = Arc::clone(&calls);
         let tier_name = cfg.tier_name.clone();
         let manager = AsyncLookupManager::with_wake_hook(tier, cfg, move || {
@@ -315,19 +321,13 @@ impl PyManager {
     }
 
     /// `True` (present), `False` (absent) or `None` (pending: retry next step).
-    fn lookup(
+    fn lookup<'py>(
         &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        req_context: &Bound<'_, PyAny>,
-    ) -> PyResult<PyObject> {
-        let inner = self.inner()?;
-        let key = convert::key(key)?;
-        inner.before_lookup(py);
-        let v = inner
-            .with_ctx(py, req_context, |m, ctx| m.lookup(&key, ctx))?
-            .map_err(lookup_err)?;
-        Ok(verdict(py, v))
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        req_context: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.lookup_impl(py, key, req_context)
     }
 
     /// One answer per key, as `lookup` would give.
@@ -337,17 +337,7 @@ impl PyManager {
         keys: &Bound<'py, PyAny>,
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let inner = self.inner()?;
-        let keys = convert::keys(keys)?;
-        inner.before_lookup(py);
-        let verdicts = inner
-            .with_ctx(py, req_context, |m, ctx| {
-                keys.iter()
-                    .map(|k| m.lookup(k, ctx))
-                    .collect::<Result<Vec<_>, _>>()
-            })?
-            .map_err(lookup_err)?;
-        PyList::new(py, verdicts.into_iter().map(|v| verdict(py, v)))
+        self.lookup_many_impl(py, keys, req_context)
     }
 
     /// How many leading keys exist, or `None` while one before the first
@@ -479,6 +469,45 @@ impl PyManager {
 }
 
 impl PyManager {
+    /// `lookup`, shared by the PyO3 method and the METH_FASTCALL one
+    /// (see [`crate::fast`]).
+    #[inline]
+    pub(crate) fn lookup_impl<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        req_context: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let inner = self.inner()?;
+        let key = convert::key(key)?;
+        inner.before_lookup(py);
+        let v = inner
+            .with_ctx(py, req_context, |m, ctx| m.lookup(&key, ctx))?
+            .map_err(lookup_err)?;
+        Ok(verdict(py, v))
+    }
+
+    /// `lookup_many`, shared like [`lookup_impl`](Self::lookup_impl).
+    #[inline]
+    pub(crate) fn lookup_many_impl<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        req_context: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let inner = self.inner()?;
+        let keys = convert::keys(keys)?;
+        inner.before_lookup(py);
+        let verdicts = inner
+            .with_ctx(py, req_context, |m, ctx| {
+                keys.iter()
+                    .map(|k| m.lookup(k, ctx))
+                    .collect::<Result<Vec<_>, _>>()
+            })?
+            .map_err(lookup_err)?;
+        PyList::new(py, verdicts.into_iter().map(|v| verdict(py, v)))
+    }
+
     fn check_open(&self, _py: Python<'_>, inner: &Inner) -> PyResult<()> {
         if inner.shut_down.load(Ordering::Acquire) {
             return Err(ShutDownError::new_err(format!(

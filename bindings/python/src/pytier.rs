@@ -8,22 +8,82 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyList, PyWeakrefReference};
 
-use kvtier_core::{OffloadKey, ReqContext, SyncTier, TierError, TierErrorKind};
+use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
+
+/// Where one tier call stands between its `batch_lookup` and the
+/// publication of its outcome (which may come first: a call that timed out
+/// is published while its Python code still runs, or never runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallState {
+    /// `batch_lookup` is running (or about to).
+    Running,
+    /// `batch_lookup` returned; its outcome is not published yet.
+    Returned,
+    /// The outcome was published while `batch_lookup` still ran.
+    Published,
+}
 
 /// What the scheduler side and the worker share about Python calls.
 #[derive(Debug, Default)]
 pub(crate) struct PyCalls {
-    /// `batch_lookup` calls that returned (counted while the GIL is still held).
-    returned: AtomicU64,
-    /// Results the worker published (counted by the manager's wake hook).
-    published: AtomicU64,
+    /// Calls whose `batch_lookup` returned and whose outcome is not yet
+    /// published: the calls a lookup waits for. Counted per call (see
+    /// `states`), so an outcome published without a `batch_lookup` (a call
+    /// that timed out waiting for a slot) or a `batch_lookup` that returns
+    /// after its call timed out leaves no drift behind.
+    unpublished: AtomicU64,
+    /// The calls whose `batch_lookup` started and whose accounting is not
+    /// over, by call id ([`kvtier_core::current_call`]).
+    states: Mutex<HashMap<u64, CallState>>,
     /// The `req_context` object each request first passed, by request id.
     contexts: Mutex<HashMap<Arc<str>, Py<PyAny>>>,
 }
 
 impl PyCalls {
+    fn states(&self) -> std::sync::MutexGuard<'_, HashMap<u64, CallState>> {
+        self.states.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Call `id`'s `batch_lookup` is about to run.
+    fn started(&self, id: u64) {
+        self.states().insert(id, CallState::Running);
+    }
+
+    /// Call `id`'s `batch_lookup` returned (called while the GIL is held).
+    fn returned(&self, id: u64) {
+        let mut states = self.states();
+        match states.get(&id).copied() {
+            Some(CallState::Running) => {
+                states.insert(id, CallState::Returned);
+                self.unpublished.fetch_add(1, Ordering::AcqRel);
+            }
+            // Published already (it timed out): nothing to wait for.
+            Some(CallState::Published) => {
+                states.remove(&id);
+            }
+            Some(CallState::Returned) | None => {}
+        }
+    }
+
+    /// The wake hook: the outcome of the current call was just published.
     pub(crate) fn on_published(&self) {
-        self.published.fetch_add(1, Ordering::AcqRel);
+        // Outside a call's task (a call cut short by its runtime shutting
+        // down) there is no id, and no Python call to account for.
+        let Some(id) = kvtier_core::current_call() else {
+            return;
+        };
+        let mut states = self.states();
+        match states.get(&id).copied() {
+            Some(CallState::Running) => {
+                states.insert(id, CallState::Published);
+            }
+            Some(CallState::Returned) => {
+                states.remove(&id);
+                self.unpublished.fetch_sub(1, Ordering::AcqRel);
+            }
+            // Never started (timed out waiting for a slot), or done.
+            Some(CallState::Published) | None => {}
+        }
     }
 
     /// Waits (without the GIL) until every `batch_lookup` that has returned
@@ -31,14 +91,12 @@ impl PyCalls {
     /// after a `batch_lookup` returned sees its answers.
     #[inline]
     pub(crate) fn wait_published(&self, py: Python<'_>, limit: Duration) {
-        if self.returned.load(Ordering::Acquire) <= self.published.load(Ordering::Acquire) {
+        if self.unpublished.load(Ordering::Acquire) == 0 {
             return;
         }
         py.allow_threads(|| {
             let started = Instant::now();
-            while self.returned.load(Ordering::Acquire) > self.published.load(Ordering::Acquire)
-                && started.elapsed() < limit
-            {
+            while self.unpublished.load(Ordering::Acquire) > 0 && started.elapsed() < limit {
                 std::thread::yield_now();
             }
         });
@@ -135,11 +193,47 @@ fn answers(answer: &Bound<'_, PyAny>, expected: usize) -> Result<Vec<bool>, Tier
     Ok(found)
 }
 
-impl SyncTier for PyTier {
-    fn batch_lookup_blocking(
+/// [`PyTier`] as a [`Tier`]: runs the Python call on the runtime's
+/// blocking pool, knowing which tier call it serves (the wake hook then
+/// tells that call's publication apart from the others').
+#[derive(Debug)]
+pub(crate) struct PyTierTask(pub(crate) Arc<PyTier>);
+
+impl Tier for PyTierTask {
+    async fn batch_lookup(
         &self,
         keys: &[OffloadKey],
         ctx: &ReqContext,
+    ) -> Result<Vec<bool>, TierError> {
+        let call = kvtier_core::current_call();
+        if let Some(id) = call {
+            self.0.calls.started(id);
+        }
+        let tier = Arc::clone(&self.0);
+        let keys = keys.to_vec();
+        let ctx = ctx.clone();
+        match tokio::task::spawn_blocking(move || tier.call(&keys, &ctx, call)).await {
+            Ok(answer) => answer,
+            Err(join) if join.is_panic() => Err(error(
+                TierErrorKind::Panicked,
+                "the Python batch_lookup call panicked".to_owned(),
+            )),
+            Err(_) => Err(error(
+                TierErrorKind::Other,
+                "the Python batch_lookup call was cancelled".to_owned(),
+            )),
+        }
+    }
+}
+
+impl PyTier {
+    /// Calls `batch_lookup` (on a blocking thread); `call` is the tier
+    /// call's id, if known.
+    fn call(
+        &self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        call: Option<u64>,
     ) -> Result<Vec<bool>, TierError> {
         Python::with_gil(|py| {
             let result = (|| {
@@ -172,7 +266,9 @@ impl SyncTier for PyTier {
             })();
             // Counted while the GIL is held: a scheduler thread that runs
             // next waits for the publication (see `wait_published`).
-            self.calls.returned.fetch_add(1, Ordering::AcqRel);
+            if let Some(id) = call {
+                self.calls.returned(id);
+            }
             result
         })
     }

@@ -159,3 +159,52 @@ def test_an_answer_is_seen_by_the_lookup_right_after_batch_lookup_returns(ctx):
             assert m.lookup(key(1), ctx) is True, f"trial {i}"
         finally:
             m.shutdown()
+
+
+def test_calls_that_time_out_leave_the_publication_wait_exact(ctx):
+    """Calls that time out, queued for a slot or while batch_lookup runs,
+    publish an outcome without a matching return (or return after it); the
+    lookup right after a later batch_lookup returns must still see its answer
+    (review finding: counters of returns vs publications drifted)."""
+
+    class Gated(InMemoryLookupManager):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.gate = threading.Event()
+            self.gated = True
+            self.done = threading.Event()
+            self.running = 0
+
+        def batch_lookup(self, keys, req_context):
+            with self.lock:
+                self.running += 1
+            if self.gated:
+                self.gate.wait(GUARD)
+            answer = super().batch_lookup(keys, req_context)
+            with self.lock:
+                self.running -= 1
+            self.done.set()
+            return answer
+
+    m = Gated(existing_keys=[key(i) for i in range(100, 200)],
+              max_calls_in_flight=1, call_timeout_ms=300)
+    try:
+        # Calls stuck past their deadline hold the only slot; the others
+        # time out waiting for it, never reaching batch_lookup.
+        for r in range(4):
+            assert m.lookup(key(r), ReqContext(f"stuck-{r}")) is None
+        m.flush()
+        wait_for(lambda: all(m.lookup(key(r), ReqContext(f"stuck-{r}")) is False
+                             for r in range(4)), "the timed-out calls to be published")
+        m.gated = False
+        m.gate.set()  # stuck calls return after their outcome was published
+        wait_for(lambda: m.running == 0, "the stuck calls to return")
+        assert len(m.calls) < 4, "some calls timed out before batch_lookup"
+        for i in range(100, 120):
+            m.done.clear()
+            assert m.lookup(key(i), ctx) is None
+            m.flush()
+            assert m.done.wait(GUARD)
+            assert m.lookup(key(i), ctx) is True, f"trial {i}"
+    finally:
+        m.shutdown()
