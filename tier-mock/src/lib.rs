@@ -1,4 +1,4 @@
-//! An in-memory [`Tier`] with fault injection, for tests, examples and
+//! An in-memory [`Tier`](kvtier_core::Tier) with fault injection, for tests, examples and
 //! benchmarks.
 //!
 //! [`MockTier`] holds a set of keys and answers `batch_lookup` from it, after
