@@ -1,7 +1,7 @@
 //! The tier conformance suite: one set of tests, run by every tier crate.
 //!
-//! Each check is a plain `async fn` taking a [`TierFixture`], which wraps the
-//! tier under test and knows how to make keys exist. Checks panic (with a
+//! Each check is a plain `async fn` taking a [`Fixture`], which wraps the
+//! store under test; every write goes through [`BlockStore`]. Checks panic (with a
 //! message naming the tier and the broken rule) when the tier breaks the
 //! [`Tier`] contract, as tests do. Keys are unique per process and call, so
 //! the suite can run against a shared server that keeps data between runs.
@@ -9,10 +9,13 @@
 //! ```text
 //! #[tokio::test]
 //! async fn conformance() {
-//!     let store = Arc::new(MyStore::open().await?);
+//!     let store = Arc::new(MyStore::open().await.unwrap());
 //!     kvtier_core::testkit::run_all(&Fixture::new(store)).await;
 //! }
 //! ```
+//!
+//! [`FaultTier`] is a tier that injects latency and faults, for tests of
+//! code built on the manager.
 
 use std::future::Future;
 use std::sync::Arc;
