@@ -22,7 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::{BlockStore, ManagerConfig, OffloadKey, PrefixVerdict, ReqContext, Tier, TierError};
+use crate::{
+    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, PrefixVerdict,
+    ReqContext, Tier, TierError,
+};
 
 mod fault;
 pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
@@ -97,6 +100,40 @@ impl<S: BlockStore> Fixture<S> {
     /// The store's error.
     pub async fn remove(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
         self.store.remove_many(keys).await
+    }
+}
+
+/// Looks up `keys` through `manager` for a fresh request `req` until every
+/// key has a verdict (flushing between rounds), then cleans the request up.
+///
+/// # Panics
+/// When some key is still pending after `within`: the manager's deadlines
+/// did not hold.
+pub fn verdicts<T: Tier>(
+    manager: &mut AsyncLookupManager<T>,
+    keys: &[OffloadKey],
+    req: &str,
+    within: Duration,
+) -> Vec<LookupVerdict> {
+    let ctx = ReqContext::new(req);
+    let start = Instant::now();
+    loop {
+        let found: Result<Vec<LookupVerdict>, _> =
+            keys.iter().map(|k| manager.lookup(k, &ctx)).collect();
+        let found = match found {
+            Ok(found) => found,
+            Err(err) => panic!("{req}: lookup failed: {err}"),
+        };
+        if found.iter().all(|&v| v != LookupVerdict::Pending) {
+            manager.cleanup(req);
+            return found;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{req}: no verdict within {within:?}: the deadline did not hold"
+        );
+        manager.flush();
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

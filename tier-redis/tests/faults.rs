@@ -8,10 +8,8 @@ use kvtier_test_services as support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::testkit::unique_keys;
-use kvtier_core::{
-    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext,
-};
+use kvtier_core::testkit::{self, unique_keys};
+use kvtier_core::{AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey};
 use kvtier_redis::{RedisConfig, RedisTier};
 use support::{PrivateCluster, PrivateServer};
 
@@ -29,21 +27,7 @@ fn verdicts(
     keys: &[OffloadKey],
     req: &str,
 ) -> Vec<LookupVerdict> {
-    let ctx = ReqContext::new(req);
-    let start = Instant::now();
-    loop {
-        let v: Vec<LookupVerdict> = keys.iter().map(|k| m.lookup(k, &ctx).unwrap()).collect();
-        if v.iter().all(|&v| v != LookupVerdict::Pending) {
-            m.cleanup(req);
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no verdict within 10 s: the deadline did not hold"
-        );
-        m.flush();
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    testkit::verdicts(m, keys, req, Duration::from_secs(10))
 }
 
 fn fast(config: RedisConfig) -> RedisConfig {

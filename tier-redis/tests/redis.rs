@@ -5,11 +5,12 @@ use kvtier_test_services as support;
 
 use std::time::{Duration, Instant};
 
-use kvtier_core::testkit::unique_keys;
+use kvtier_core::testkit::{self, unique_keys};
 use std::sync::Arc;
 
 use kvtier_core::{
-    BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Tier, TierErrorKind,
+    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Tier,
+    TierErrorKind,
 };
 use kvtier_redis::{RedisConfig, RedisTier, RedisTierError};
 use support::PrivateServer;
@@ -201,24 +202,13 @@ async fn batched_loads_and_removes_answer_per_position() {
     }
 }
 
-/// Looks up `keys` through `m` for a fresh request until each has a verdict.
+/// Looks up `keys` for a fresh request until every key has a verdict.
 fn manager_verdicts(
-    m: &mut kvtier_core::AsyncLookupManager<RedisTier>,
+    m: &mut AsyncLookupManager<RedisTier>,
     keys: &[OffloadKey],
     req: &str,
 ) -> Vec<LookupVerdict> {
-    let ctx = ReqContext::new(req);
-    let start = Instant::now();
-    loop {
-        let v: Vec<LookupVerdict> = keys.iter().map(|k| m.lookup(k, &ctx).unwrap()).collect();
-        if v.iter().all(|&v| v != LookupVerdict::Pending) {
-            m.cleanup(req);
-            return v;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "no verdict");
-        m.flush();
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    testkit::verdicts(m, keys, req, Duration::from_secs(10))
 }
 
 /// Issue 12 item 1: two tenants, each with its own tier instance and key

@@ -7,9 +7,9 @@
 use kvtier_test_services as support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kvtier_core::testkit::unique_keys;
+use kvtier_core::testkit::{self, unique_keys};
 use kvtier_core::{
     AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Spawner,
     Tier,
@@ -51,21 +51,7 @@ fn verdicts(
     keys: &[OffloadKey],
     req: &str,
 ) -> Vec<LookupVerdict> {
-    let ctx = ReqContext::new(req);
-    let start = Instant::now();
-    loop {
-        let v: Vec<LookupVerdict> = keys.iter().map(|k| m.lookup(k, &ctx).unwrap()).collect();
-        if v.iter().all(|&v| v != LookupVerdict::Pending) {
-            m.cleanup(req);
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no verdict within 20 s"
-        );
-        m.flush();
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    testkit::verdicts(m, keys, req, Duration::from_secs(20))
 }
 
 /// A runtime that lives for one block of work, as a request handler's or a
