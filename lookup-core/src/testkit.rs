@@ -36,7 +36,7 @@ pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
 /// Every check goes through [`BlockStore`] itself, the way the engine uses a
 /// tier: it stores blocks with [`BlockStore::store_many`], reads them back,
 /// removes them, and asks [`Tier::batch_lookup`] and a real
-/// [`AsyncLookupManager`](crate::AsyncLookupManager) which exist.
+/// [`AsyncLookupManager`] which exist.
 #[derive(Debug)]
 pub struct Fixture<S> {
     store: Arc<S>,
@@ -334,7 +334,7 @@ async fn join_all<Fut: Future>(futures: Vec<Fut>) -> Vec<Fut::Output> {
     outputs.into_iter().flatten().collect()
 }
 
-/// The tier behind a real [`AsyncLookupManager`](crate::AsyncLookupManager): prompts sharing a prefix,
+/// The tier behind a real [`AsyncLookupManager`]: prompts sharing a prefix,
 /// resolved through `lookup_prefix` and `flush`, match the truth, and the
 /// manager is idle once every request is cleaned up.
 pub async fn through_manager<S: BlockStore>(fixture: &Fixture<S>) {
