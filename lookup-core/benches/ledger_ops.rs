@@ -10,10 +10,13 @@
 //! `w1`: 1M lookups of 100k resolved keys; `w2`: 50 steps of 64 requests ×
 //! 32 keys (half shared by 4 requests), each step looking up every key
 //! without a verdict, then flushing, answering and cleaning up finished
-//! requests. Prints the number of operations, to divide the count by.
+//! requests; `base`: the same steps through `kvbench w2`'s minimal step
+//! loop (a bare `HashMap`), the instruction count to compare `w2` with.
+//! Prints the number of operations, to divide the count by.
 
 mod common;
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -54,6 +57,47 @@ fn measured_w2_step(l: &mut Ledger, cohorts: &mut [Cohort], now: Instant) -> usi
 }
 
 type Cohort = Vec<(ReqContext, Vec<OffloadKey>, Vec<bool>)>;
+
+/// The minimal step loop of `kvbench w2`'s baseline, on the same steps as
+/// `measured_w2_step`: a new key is a get-or-insert into a `HashMap` plus a
+/// push onto its request's batch, a resolved key one `get`, an answer one
+/// `get_mut`, and a flush moves each request's `Vec`.
+#[inline(never)]
+fn measured_base_step(
+    state: &mut HashMap<OffloadKey, u8, kvtier_core::BuildPrehashed>,
+    cohorts: &mut [Cohort],
+    answers: &mut Vec<(Vec<OffloadKey>, Vec<bool>)>,
+) -> Vec<Vec<OffloadKey>> {
+    const PENDING: u8 = 0;
+    for (keys, found) in answers.drain(..) {
+        for (key, present) in keys.iter().zip(found) {
+            if let Some(s) = state.get_mut(key) {
+                *s = 1 + u8::from(!present);
+            }
+        }
+    }
+    let mut batch = Vec::new();
+    for (_, keys, done) in cohorts.iter_mut().flatten() {
+        let mut new_keys = Vec::new();
+        for (k, d) in keys.iter().zip(done.iter_mut()) {
+            if *d {
+                continue;
+            }
+            match state.get(black_box(k)) {
+                Some(&PENDING) => {}
+                Some(_) => *d = true,
+                None => {
+                    state.insert(k.clone(), PENDING);
+                    new_keys.push(k.clone());
+                }
+            }
+        }
+        if !new_keys.is_empty() {
+            batch.push(new_keys);
+        }
+    }
+    batch
+}
 
 fn main() {
     let which = std::env::args()
@@ -112,8 +156,51 @@ fn main() {
             assert!(l.is_empty(), "state left after cleanup");
             println!("w2: 50 cohorts, {lookups} lookups");
         }
+        "base" => {
+            let mut state = HashMap::default();
+            let mut answers = Vec::new();
+            let mut lookups = 0usize;
+            let mut active: Vec<Cohort> = Vec::new();
+            for step in 0..52u64 {
+                if step < 50 {
+                    active.push(
+                        step_keys(step, 64, 32)
+                            .into_iter()
+                            .map(|(c, k)| {
+                                let n = k.len();
+                                (c, k, vec![false; n])
+                            })
+                            .collect(),
+                    );
+                }
+                lookups += active
+                    .iter()
+                    .flatten()
+                    .map(|(_, _, d)| d.iter().filter(|d| !**d).count())
+                    .sum::<usize>();
+                let flushed = measured_base_step(&mut state, &mut active, &mut answers);
+                // The tier's side, outside the count: half the keys present.
+                for keys in flushed {
+                    let found = (0..keys.len()).map(|i| i % 2 == 0).collect();
+                    answers.push((keys, found));
+                }
+                active.retain(|cohort| {
+                    let done = cohort.iter().all(|(_, _, d)| d.iter().all(|d| *d));
+                    if done {
+                        for (_, keys, _) in cohort {
+                            for k in keys {
+                                state.remove(k);
+                            }
+                        }
+                    }
+                    !done
+                });
+            }
+            assert!(state.is_empty(), "state left after cleanup");
+            println!("base: 50 cohorts, {lookups} lookups");
+        }
         other => {
-            eprintln!("ledger_ops: unknown operation {other} (w1, w2)");
+            eprintln!("ledger_ops: unknown operation {other} (w1, w2, base)");
             std::process::exit(2);
         }
     }

@@ -312,12 +312,19 @@ impl<T: Tier> AsyncLookupManager<T> {
     }
 
     fn start_calls(&mut self, now: Instant) {
+        let mut calls = Vec::new();
         while let Some(call) = self.ledger.next_call(now) {
             self.metrics.call_started(call.keys.len());
-            if let Err(id) = self.worker.send(call) {
-                // The worker is gone: never leave keys pending forever.
+            calls.push(call);
+        }
+        if calls.is_empty() {
+            return;
+        }
+        if let Err(calls) = self.worker.send(calls) {
+            // The worker is gone: never leave keys pending forever.
+            for call in calls {
                 self.ledger.complete(
-                    id,
+                    call.id,
                     CallOutcome::Failed(TierError::new(
                         TierErrorKind::Unavailable,
                         "the lookup worker has stopped",

@@ -56,11 +56,10 @@ pub fn current_call() -> Option<u64> {
 }
 
 pub(crate) enum Command {
-    Call(TierCall),
+    /// The calls one flush started, in one message: one wake-up per step.
+    Calls(Vec<TierCall>),
     /// Stop taking calls, give running ones `grace` to answer, abort the rest.
-    Shutdown {
-        grace: Duration,
-    },
+    Shutdown { grace: Duration },
     /// Abort every running call now (the manager is being dropped).
     Abort,
 }
@@ -217,22 +216,24 @@ async fn run<T: Tier>(
     loop {
         tokio::select! {
             command = inbox.recv() => match command {
-                Some(Command::Call(call)) => {
-                    let reply = Reply {
-                        publisher: publisher.clone(),
-                        id: call.id,
-                        arrived: Instant::now(),
-                        stopping: Arc::clone(&stopping),
-                        sent: false,
-                    };
-                    let id = call.id.0;
-                    calls.spawn(CURRENT_CALL.scope(id, run_call(
-                        Arc::clone(&tier),
-                        call,
-                        Arc::clone(&tier_name),
-                        Arc::clone(&slots),
-                        reply,
-                    )));
+                Some(Command::Calls(batch)) => {
+                    for call in batch {
+                        let reply = Reply {
+                            publisher: publisher.clone(),
+                            id: call.id,
+                            arrived: Instant::now(),
+                            stopping: Arc::clone(&stopping),
+                            sent: false,
+                        };
+                        let id = call.id.0;
+                        calls.spawn(CURRENT_CALL.scope(id, run_call(
+                            Arc::clone(&tier),
+                            call,
+                            Arc::clone(&tier_name),
+                            Arc::clone(&slots),
+                            reply,
+                        )));
+                    }
                 }
                 Some(Command::Shutdown { grace }) => {
                     let drained = tokio::time::timeout(grace, async {
@@ -326,10 +327,14 @@ async fn run_call<T: Tier>(
 }
 
 impl WorkerHandle {
-    /// Hands a call to the worker; returns its id back if the worker is gone.
-    pub(crate) fn send(&self, call: TierCall) -> Result<(), CallId> {
-        let id = call.id;
-        self.inbox.send(Command::Call(call)).map_err(|_| id)
+    /// Hands calls to the worker in one message; gives them back if the
+    /// worker is gone.
+    pub(crate) fn send(&self, calls: Vec<TierCall>) -> Result<(), Vec<TierCall>> {
+        match self.inbox.send(Command::Calls(calls)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::SendError(Command::Calls(calls))) => Err(calls),
+            Err(_) => Err(Vec::new()),
+        }
     }
 
     /// Asks the worker to stop, giving running calls half of `timeout`.

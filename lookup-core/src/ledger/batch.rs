@@ -7,7 +7,7 @@ use crate::key::ReqContext;
 
 /// Room reserved for a request's keys when it first looks one up (grows
 /// as usual past it).
-pub(super) const RUN_CAPACITY: usize = 16;
+pub(super) const RUN_CAPACITY: usize = 32;
 
 /// Keys looked up since the last flush, in runs of one request each (a
 /// scheduler looks up a request's keys together).
@@ -61,6 +61,8 @@ impl Batch {
 pub(super) struct Group {
     pub(super) seq: u64,
     pub(super) step: u64,
+    /// The request's slot and serial in `request_slab`, as in [`BatchRun`].
+    pub(super) request: (Slot, u32),
     pub(super) ctx: ReqContext,
     pub(super) probes: Vec<Probe>,
 }

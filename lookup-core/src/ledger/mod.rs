@@ -115,7 +115,7 @@ mod call;
 mod slab;
 mod table;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -133,46 +133,44 @@ use table::{KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// The slots a request refers to (slab indices: not attacker-chosen, so a
-/// fixed fast hasher is fine).
-type SlotSet = HashSet<Slot, foldhash::fast::FixedState>;
+/// A request's shared references are compacted (sorted, duplicates
+/// released) when their number reaches this, or twice the number left by
+/// the previous compaction.
+const SHARED_COMPACT_MIN: usize = 64;
 
-/// Up to this many shared keys a request keeps them in a vector, whose
-/// scan is cheaper than a hash set's probe; past it, in a set.
-const SHARED_INLINE: usize = 32;
-
-/// The keys created by another request that a request also refers to,
-/// each once.
-#[derive(Debug)]
-enum SharedSlots {
-    Few(Vec<Slot>),
-    Many(SlotSet),
+/// The keys created by another request that a request also refers to: one
+/// entry per reference taken. Taking a reference is a push, with no
+/// membership check: a request that asks again for a key it already shares
+/// (after another request asked for it in between) pushes it again and
+/// holds one more reference, which its cleanup releases like the first.
+/// When the list doubles it is compacted: sorted, and each duplicate's extra
+/// reference released at once, so it never holds more than twice the keys
+/// it refers to.
+#[derive(Debug, Default)]
+struct SharedRefs {
+    slots: Vec<Slot>,
+    compact_at: usize,
 }
 
-impl SharedSlots {
-    /// Adds `slot`; whether it was new.
-    #[inline]
-    fn insert(&mut self, slot: Slot) -> bool {
-        match self {
-            Self::Few(slots) => {
-                if slots.contains(&slot) {
-                    return false;
-                }
-                if slots.len() < SHARED_INLINE {
-                    if slots.capacity() == 0 {
-                        slots.reserve_exact(RUN_CAPACITY);
-                    }
-                    slots.push(slot);
-                } else {
-                    let mut set: SlotSet = slots.drain(..).collect();
-                    set.insert(slot);
-                    *self = Self::Many(set);
-                }
-                true
+/// Sorts a request's shared references and releases each duplicate's
+/// extra reference (the entry left holds one, so no key is freed here).
+#[cold]
+fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
+    shared.slots.sort_unstable();
+    let mut kept = 0;
+    for i in 0..shared.slots.len() {
+        let slot = shared.slots[i];
+        if kept > 0 && shared.slots[kept - 1] == slot {
+            if let Some(cold) = keys.cold.get_mut(slot as usize) {
+                cold.refs = cold.refs.saturating_sub(1);
             }
-            Self::Many(set) => set.insert(slot),
+        } else {
+            shared.slots[kept] = slot;
+            kept += 1;
         }
     }
+    shared.slots.truncate(kept);
+    shared.compact_at = 2 * kept;
 }
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
@@ -187,7 +185,10 @@ struct RequestEntry {
     /// entries name it as `creator`, so no set membership is needed).
     created: Vec<Slot>,
     /// Keys created by another request that this one also refers to.
-    shared: SharedSlots,
+    shared: SharedRefs,
+    /// The sequence number of this request's group still waiting in
+    /// `ready`, if any (a flush tops it up instead of queueing another).
+    queued_group: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -258,8 +259,6 @@ pub struct Ledger {
     batch: Batch,
     ready: VecDeque<Group>,
     next_group_seq: u64,
-    /// Request id → sequence number of its group still in `ready`.
-    queued_group: FastMap<Arc<str>, u64>,
     queued_keys: usize,
 
     /// (deadline in ticks, probe) of every flushed key, in flush order: a
@@ -302,7 +301,6 @@ impl Ledger {
             batch: Batch::default(),
             ready: VecDeque::new(),
             next_group_seq: 0,
-            queued_group: FastMap::default(),
             queued_keys: 0,
             queue_deadlines: VecDeque::new(),
             running: FastMap::default(),
@@ -346,14 +344,14 @@ impl Ledger {
         };
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
-        // already holds, whose verdict needs no clock and no bookkeeping.
+        // already holds (its first verdict also notes the time to it).
         if let Some((id, _, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
             && state.last_req == *serial
         {
             let verdict = match state.phase {
-                Phase::Present if state.reported => Some(LookupVerdict::Hit),
-                Phase::Absent | Phase::ForcedMiss if state.reported => Some(LookupVerdict::Miss),
+                Phase::Present => Some(LookupVerdict::Hit),
+                Phase::Absent | Phase::ForcedMiss => Some(LookupVerdict::Miss),
                 Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
                     Some(if state.revalidating {
                         LookupVerdict::Miss
@@ -361,14 +359,30 @@ impl Ledger {
                         LookupVerdict::Pending
                     })
                 }
-                _ => None,
+                Phase::Failed => None,
             };
             if let Some(verdict) = verdict {
+                let first =
+                    !state.reported && matches!(state.phase, Phase::Present | Phase::Absent);
                 self.counters.lookups += 1;
+                if first {
+                    self.first_verdict(found, now);
+                }
                 return Ok(verdict);
             }
         }
         Ok(self.lookup_slow(key, Some(found), ctx, now))
+    }
+
+    /// Marks the key at `slot` as answered and times its first verdict.
+    #[inline(never)]
+    fn first_verdict(&mut self, slot: Slot, now: &mut LazyNow) {
+        let Some((state, cold)) = self.keys.get_both(slot) else {
+            return;
+        };
+        state.reported = true;
+        let flushed_at = cold.time;
+        self.record_verdict_time(flushed_at, now);
     }
 
     #[cold]
@@ -436,9 +450,16 @@ impl Ledger {
             if let Some(cold) = keys.cold.get_mut(slot as usize)
                 && cold.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
-                && req.shared.insert(slot)
             {
                 cold.refs += 1;
+                let shared = &mut req.shared;
+                if shared.slots.capacity() == 0 {
+                    shared.slots.reserve_exact(RUN_CAPACITY);
+                }
+                shared.slots.push(slot);
+                if shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN) {
+                    compact_shared(keys, shared);
+                }
             }
         }
         let Some(state) = self.keys.get_mut(slot) else {
@@ -511,6 +532,13 @@ impl Ledger {
     #[inline]
     fn record_first_verdict(&mut self, slot: Slot, now: &mut LazyNow) {
         let flushed_at = self.keys.cold.get(slot as usize).map_or(0, |c| c.time);
+        self.record_verdict_time(flushed_at, now);
+    }
+
+    /// [`record_first_verdict`](Self::record_first_verdict) of a key flushed
+    /// at `flushed_at` (ticks plus one; 0 if never flushed).
+    #[inline]
+    fn record_verdict_time(&mut self, flushed_at: u64, now: &mut LazyNow) {
         if flushed_at == 0 {
             return;
         }
@@ -577,7 +605,8 @@ impl Ledger {
                 let slot = self.request_slab.insert(RequestEntry {
                     serial,
                     created: Vec::new(),
-                    shared: SharedSlots::Few(Vec::new()),
+                    shared: SharedRefs::default(),
+                    queued_group: None,
                 })?;
                 self.next_serial += 1;
                 self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
@@ -601,11 +630,14 @@ impl Ledger {
             entry.serial = next;
             next = next.saturating_add(1);
         }
+        let renumber = |serial: &mut u32| {
+            *serial = renumbered.get(serial).copied().unwrap_or(NO_REQUEST);
+        };
         for run in &mut self.batch.runs {
-            run.request.1 = renumbered
-                .get(&run.request.1)
-                .copied()
-                .unwrap_or(NO_REQUEST);
+            renumber(&mut run.request.1);
+        }
+        for group in &mut self.ready {
+            renumber(&mut group.request.1);
         }
         self.keys.forget_request_marks();
         self.last_request = None;
@@ -660,20 +692,27 @@ impl Ledger {
                 continue;
             }
             // Top up the request's group still waiting in `ready`, if any
-            // (its index there: no group leaves `ready` during a flush).
+            // (its index there: groups in `ready` have consecutive sequence
+            // numbers, and none leaves it during a flush).
             let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            if let Some(group) = self
-                .queued_group
-                .get(run.ctx.req_id())
+            let request = self
+                .request_slab
+                .get_mut(run.request.0)
+                .filter(|r| r.serial == run.request.1);
+            if let Some(group) = request
+                .as_ref()
+                .and_then(|r| r.queued_group)
                 .and_then(|seq| seq.checked_sub(front_seq))
                 .and_then(|idx| usize::try_from(idx).ok())
                 .and_then(|idx| self.ready.get_mut(idx))
+                .filter(|g| g.request == run.request)
             {
                 let take = max.saturating_sub(group.probes.len()).min(probes.len());
                 group.probes.extend(probes.drain(..take));
             }
             // The rest in new groups of at most `max_keys_per_call` keys; the
             // first reuses the run's vector.
+            let mut last_seq = None;
             while !probes.is_empty() {
                 let rest = if probes.len() > max {
                     probes.split_off(max)
@@ -682,16 +721,19 @@ impl Ledger {
                 };
                 let seq = self.next_group_seq;
                 self.next_group_seq += 1;
-                self.queued_group
-                    .insert(Arc::clone(run.ctx.req_id_arc()), seq);
+                last_seq = Some(seq);
                 self.ready.push_back(Group {
                     seq,
                     step,
+                    request: run.request,
                     ctx: run.ctx.clone(),
                     probes,
                 });
                 new_groups += 1;
                 probes = rest;
+            }
+            if let (Some(seq), Some(request)) = (last_seq, request) {
+                request.queued_group = Some(seq);
             }
         }
         if new_groups > 0 {
@@ -720,12 +762,12 @@ impl Ledger {
                 return None;
             }
             let group = self.ready.pop_front()?;
-            if self
-                .queued_group
-                .get(group.ctx.req_id())
-                .is_some_and(|&seq| seq == group.seq)
+            if let Some(request) = self
+                .request_slab
+                .get_mut(group.request.0)
+                .filter(|r| r.serial == group.request.1 && r.queued_group == Some(group.seq))
             {
-                self.queued_group.remove(group.ctx.req_id());
+                request.queued_group = None;
             }
             self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
 
@@ -1014,9 +1056,8 @@ impl Ledger {
         for slot in entry.created {
             release(&mut self.keys, slot);
         }
-        match entry.shared {
-            SharedSlots::Few(slots) => slots.into_iter().for_each(|s| release(&mut self.keys, s)),
-            SharedSlots::Many(set) => set.into_iter().for_each(|s| release(&mut self.keys, s)),
+        for slot in entry.shared.slots {
+            release(&mut self.keys, slot);
         }
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
@@ -1196,14 +1237,15 @@ mod tests {
         let mut l = ledger();
         let now = Instant::now();
         let mut lazy = LazyNow::at(now);
-        let keys: Vec<OffloadKey> = (0..2 * SHARED_INLINE as u32 + 3)
+        let keys: Vec<OffloadKey> = (0..2 * SHARED_COMPACT_MIN as u32 + 3)
             .map(|i| OffloadKey::new(&i.to_be_bytes()))
             .collect();
         let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-        // a creates every key; b shares them, past the inline vector's
-        // room, and both ask again in turns: each ask after the other's
-        // must find b's reference instead of taking a second one.
-        for round in 0..3 {
+        // a creates every key; b shares them, and both ask again in turns,
+        // as waiting requests do every step: each ask of b after a's takes
+        // one more reference, and compaction must release the extra ones
+        // so b's list stays within twice its keys.
+        for round in 0..20 {
             for ctx in [&a, &b] {
                 for key in &keys {
                     l.lookup(key, ctx, &mut lazy).unwrap();
@@ -1212,7 +1254,24 @@ mod tests {
             if round == 0 {
                 answer_all(&mut l, now);
             }
+            let b_slot = l.requests["b"];
+            let held = l.request_slab.get(b_slot).unwrap().shared.slots.len();
+            assert!(
+                held <= 2 * keys.len(),
+                "round {round}: b holds {held} entries"
+            );
         }
+        let refs: Vec<u32> = keys
+            .iter()
+            .map(|k| {
+                l.keys
+                    .cold
+                    .get(l.keys.find(k).unwrap() as usize)
+                    .unwrap()
+                    .refs
+            })
+            .collect();
+        assert!(refs.iter().all(|&r| (2..=3).contains(&r)), "{refs:?}");
         l.cleanup("b");
         assert_eq!(
             l.stats().tracked_keys,
