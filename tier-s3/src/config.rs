@@ -67,7 +67,7 @@ pub struct S3Config {
     pub bucket_recheck_ms: u64,
     /// Worker threads of the runtime that [`S3Tier::new`](crate::S3Tier::new)
     /// starts for the tier's requests (ignored by
-    /// [`S3Tier::with_runtime`](crate::S3Tier::with_runtime)). Default 2.
+    /// [`S3Tier::with_spawner`](crate::S3Tier::with_spawner)). Default 2.
     pub io_threads: usize,
 }
 

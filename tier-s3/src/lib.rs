@@ -23,7 +23,7 @@
 //!   including the password of an endpoint URL.
 //! - **Runtime.** Every request runs on a runtime the tier starts and owns
 //!   ([`S3Tier::new`], `io_threads` threads) or one the caller hands in
-//!   ([`S3Tier::with_runtime`]), never on the caller's: the SDK's connection
+//!   ([`S3Tier::with_spawner`]), never on the caller's: the SDK's connection
 //!   pool keeps each connection's task on the runtime that opened it, and a
 //!   store from a short-lived runtime would otherwise leave connections
 //!   behind that later lookups wait on.

@@ -11,7 +11,7 @@ use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use futures_util::StreamExt;
-use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError};
+use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier, TierError};
 use tokio::sync::Semaphore;
 
 use crate::config::{endpoint_password, redact_endpoint};
@@ -124,16 +124,21 @@ impl S3Tier {
         Self::build(config, io).await
     }
 
-    /// As [`new`](Self::new), but the requests run on `runtime`, which the
-    /// caller owns and keeps running for as long as it uses the tier
-    /// (`io_threads` is ignored). Once `runtime` shuts down, requests fail
-    /// with [`S3TierError::Unavailable`].
+    /// As [`new`](Self::new), but the requests run on `spawner`'s runtime
+    /// instead of one of the tier's own (`io_threads` is ignored): the one
+    /// the lookup managers share (one runtime for a whole stack and its S3
+    /// I/O), or the caller's ([`Spawner::from_handle`]). The same
+    /// constructor, with the same argument, as
+    /// `RedisTier::with_spawner`.
+    ///
+    /// A caller's runtime must outlive the tier's use: once it shuts down,
+    /// requests fail with [`S3TierError::Unavailable`].
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub async fn with_runtime(config: S3Config, runtime: tokio::runtime::Handle) -> Result<Self> {
+    pub async fn with_spawner(config: S3Config, spawner: &Spawner) -> Result<Self> {
         config.validate()?;
-        Self::build(config, IoRuntime::on(runtime)).await
+        Self::build(config, IoRuntime::on(spawner.handle().clone())).await
     }
 
     async fn build(config: S3Config, io: IoRuntime) -> Result<Self> {
@@ -476,7 +481,7 @@ fn endpoint_shown(config: &S3Config) -> String {
 }
 
 /// A request that did not finish on the I/O runtime: the runtime (the
-/// caller's, for [`S3Tier::with_runtime`]) shut down, or the request panicked.
+/// caller's, for [`S3Tier::with_spawner`]) shut down, or the request panicked.
 fn runtime_failed(
     config: &S3Config,
     endpoint: &str,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kvtier_core::testkit::unique_keys;
 use kvtier_core::{
-    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext,
+    AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Spawner,
 };
 use kvtier_s3::{S3Config, S3Tier};
 use kvtier_test_services::required;
@@ -183,7 +183,10 @@ fn a_tier_on_the_callers_runtime_answers_then_fails_typed_once_that_runtime_is_g
         .build()
         .unwrap();
     let tier = caller
-        .block_on(S3Tier::with_runtime(config, io.handle().clone()))
+        .block_on(S3Tier::with_spawner(
+            config,
+            &Spawner::from_handle(io.handle().clone()),
+        ))
         .unwrap();
     let keys = unique_keys(2, 36);
     caller.block_on(async {
@@ -199,4 +202,39 @@ fn a_tier_on_the_callers_runtime_answers_then_fails_typed_once_that_runtime_is_g
         "{err:?}"
     );
     assert!(err.to_string().contains("shut down"), "{err}");
+}
+
+/// The README's set-up: the tier's requests and its lookup manager share
+/// one dedicated runtime of one thread, through one `Spawner`.
+#[test]
+fn a_tier_and_its_manager_on_one_spawner_answer_exactly() {
+    let Some(config) = config("a_tier_and_its_manager_on_one_spawner_answer_exactly") else {
+        return;
+    };
+    let spawner = Spawner::dedicated("kvtier-s3-shared", 1).unwrap();
+    let caller = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tier = Arc::new(
+        caller
+            .block_on(S3Tier::with_spawner(config, &spawner))
+            .unwrap(),
+    );
+    let keys = unique_keys(16, 36);
+    caller.block_on(async {
+        for key in keys.iter().step_by(2) {
+            BlockStore::store(&*tier, key, b"shared spawner")
+                .await
+                .unwrap();
+        }
+    });
+    drop(caller);
+    let mut manager = tier
+        .manager_on(ManagerConfig::named("s3-shared"), &spawner)
+        .unwrap();
+    let expected: Vec<bool> = (0..keys.len()).map(|i| i % 2 == 0).collect();
+    assert_eq!(verdicts(&mut manager, &keys), expected);
+    assert_eq!(manager.stats().errors + manager.stats().timeouts, 0);
+    manager.shutdown();
 }
