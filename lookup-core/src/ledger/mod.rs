@@ -116,6 +116,7 @@ mod slab;
 mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -171,6 +172,18 @@ fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
     }
     shared.slots.truncate(kept);
     shared.compact_at = 2 * kept;
+}
+
+/// How many emptied key lists of cleaned-up requests the ledger keeps for
+/// new requests (128 bytes each).
+const SPARE_LISTS: usize = 128;
+
+/// An empty key list with room for `RUN_CAPACITY` keys, reused if one is spare.
+#[inline]
+fn new_list(spare: &mut Vec<Vec<Slot>>) -> Vec<Slot> {
+    spare
+        .pop()
+        .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
 }
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
@@ -240,7 +253,7 @@ pub struct Ledger {
     epoch: Instant,
     /// The flush time (ticks + 1) of the keys whose first verdicts are
     /// being returned, and their time to verdict, read at the first of them
-    /// (see `record_first_verdict`); reset by a flush or an answer.
+    /// (see `record_verdict_time`); reset by a flush or an answer.
     verdict_run: Option<(u64, u64)>,
     keys: KeyTable,
     /// Request id → its entry in `request_slab`.
@@ -255,6 +268,9 @@ pub struct Ledger {
     /// forgotten (see `renumber_requests`), so two live requests never
     /// share a serial.
     next_serial: u32,
+    /// Emptied key lists of cleaned-up requests, of `RUN_CAPACITY`, reused
+    /// by new requests: a step then allocates no list per request.
+    spare_lists: Vec<Vec<Slot>>,
 
     batch: Batch,
     ready: VecDeque<Group>,
@@ -298,6 +314,7 @@ impl Ledger {
             last_request: None,
             next_generation: 0,
             next_serial: 0,
+            spare_lists: Vec::new(),
             batch: Batch::default(),
             ready: VecDeque::new(),
             next_group_seq: 0,
@@ -434,54 +451,65 @@ impl Ledger {
             self.batch.push(request, serial, ctx, (slot, generation));
             if let Some(req) = self.request_slab.get_mut(request) {
                 if req.created.capacity() == 0 {
-                    req.created.reserve_exact(RUN_CAPACITY);
+                    req.created = new_list(&mut self.spare_lists);
                 }
                 req.created.push(slot);
             }
             return LookupVerdict::Pending;
         };
         let (keys, request_slab) = (&mut self.keys, &mut self.request_slab);
-        let Some(state) = keys.get_mut(slot) else {
+        let Some((state, cold)) = keys.get_both(slot) else {
             return LookupVerdict::Pending; // unreachable: `find` returned it
         };
-
+        let mut compact = false;
         if state.last_req != serial {
             state.last_req = serial;
-            if let Some(cold) = keys.cold.get_mut(slot as usize)
-                && cold.creator != serial
+            if cold.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
             {
                 cold.refs += 1;
                 let shared = &mut req.shared;
                 if shared.slots.capacity() == 0 {
-                    shared.slots.reserve_exact(RUN_CAPACITY);
+                    shared.slots = new_list(&mut self.spare_lists);
                 }
                 shared.slots.push(slot);
-                if shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN) {
-                    compact_shared(keys, shared);
-                }
+                compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
             }
         }
-        let Some(state) = self.keys.get_mut(slot) else {
-            return LookupVerdict::Pending; // unreachable: `find` returned it
-        };
-
         let verdict = match state.phase {
             Phase::Present => LookupVerdict::Hit,
             Phase::Absent | Phase::ForcedMiss => LookupVerdict::Miss,
-            Phase::Unsubmitted | Phase::Queued | Phase::InFlight if state.revalidating => {
-                return LookupVerdict::Miss;
-            }
             Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
-                return LookupVerdict::Pending;
+                if state.revalidating {
+                    LookupVerdict::Miss
+                } else {
+                    LookupVerdict::Pending
+                }
             }
-            Phase::Failed => return self.lookup_failed(slot, request, serial, ctx, now),
+            Phase::Failed => {
+                if compact {
+                    self.compact_request(request);
+                }
+                return self.lookup_failed(slot, request, serial, ctx, now);
+            }
         };
-        if !state.reported {
+        if !state.reported && matches!(state.phase, Phase::Present | Phase::Absent) {
             state.reported = true;
-            self.record_first_verdict(slot, now);
+            let flushed_at = cold.time;
+            self.record_verdict_time(flushed_at, now);
+        }
+        if compact {
+            self.compact_request(request);
         }
         verdict
+    }
+
+    /// Compacts the shared references of the request at `request`.
+    #[cold]
+    fn compact_request(&mut self, request: Slot) {
+        if let Some(req) = self.request_slab.get_mut(request) {
+            compact_shared(&mut self.keys, &mut req.shared);
+        }
     }
 
     /// A lookup of a key in phase `Failed`: miss, and past the back-off a
@@ -524,19 +552,11 @@ impl Ledger {
         LookupVerdict::Miss
     }
 
-    /// Records the time from the key's flush to its first verdict. The
-    /// clock is read once per run of first verdicts of keys flushed
-    /// together, until the next flush or answer: a scheduler's step asks
-    /// for them one after the other, and one read times them all (early by
-    /// at most the step's own lookup time).
-    #[inline]
-    fn record_first_verdict(&mut self, slot: Slot, now: &mut LazyNow) {
-        let flushed_at = self.keys.cold.get(slot as usize).map_or(0, |c| c.time);
-        self.record_verdict_time(flushed_at, now);
-    }
-
-    /// [`record_first_verdict`](Self::record_first_verdict) of a key flushed
-    /// at `flushed_at` (ticks plus one; 0 if never flushed).
+    /// Records the time from a key's flush (at `flushed_at`, ticks plus one;
+    /// 0 if never flushed) to its first verdict. The clock is read once per
+    /// run of first verdicts of keys flushed together, until the next flush
+    /// or answer: a scheduler's step asks for them one after the other, and
+    /// one read times them all (early by at most the step's own lookup time).
     #[inline]
     fn record_verdict_time(&mut self, flushed_at: u64, now: &mut LazyNow) {
         if flushed_at == 0 {
@@ -771,24 +791,47 @@ impl Ledger {
             }
             self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
 
-            // Keys still queued move to in flight; the call's key list is
-            // then built in place, one copy per key.
+            // Keys still queued move to in flight, and their keys are copied
+            // into the call's list in the same pass: one copy per key, no
+            // intermediate vector.
             let mut probes = group.probes;
-            let table = &mut self.keys;
-            probes.retain(|&probe| {
-                table.probe_mut(probe).is_some_and(|state| {
-                    let queued = state.phase == Phase::Queued;
-                    if queued {
-                        state.phase = Phase::InFlight;
-                    }
-                    queued
-                })
-            });
-            if probes.is_empty() {
+            let n = probes.len();
+            let mut buf: Arc<[MaybeUninit<OffloadKey>]> = Arc::new_uninit_slice(n);
+            let Some(dst) = Arc::get_mut(&mut buf) else {
+                unreachable!("a new Arc has no other reference");
+            };
+            let mut kept = 0;
+            for i in 0..n {
+                let probe = probes[i];
+                if let Some(state) = self.keys.probe_mut(probe)
+                    && state.phase == Phase::Queued
+                {
+                    state.phase = Phase::InFlight;
+                    dst[kept].write(state.key.clone());
+                    probes[kept] = probe;
+                    kept += 1;
+                }
+            }
+            probes.truncate(kept);
+            if kept == 0 {
                 // Every key was cleaned up or forced to miss while waiting.
                 self.finish_group(group.step);
                 continue;
             }
+            let keys: Arc<[OffloadKey]> = if kept == n {
+                // SAFETY: the loop wrote all `n` values.
+                unsafe { buf.assume_init() }
+            } else {
+                // Some keys left while queued (rare): move the `kept`
+                // written values into a list of their own; `buf` then drops
+                // without dropping them (`MaybeUninit` never drops its value).
+                dst[..kept]
+                    .iter()
+                    // SAFETY: the loop wrote values `0..kept`, and each is
+                    // read (moved out) exactly once.
+                    .map(|key| unsafe { key.assume_init_read() })
+                    .collect()
+            };
             if let Some(step) = self.steps.get_mut(&group.step)
                 && !step.started
             {
@@ -797,17 +840,6 @@ impl Ledger {
             }
             let id = CallId(self.next_call);
             self.next_call += 1;
-            let table = &self.keys;
-            let keys: Arc<[OffloadKey]> = probes
-                .iter()
-                // `retain` just checked every entry: the empty key (which
-                // no lookup accepts) is never used, and needs no panic.
-                .map(|&(slot, _)| {
-                    table
-                        .get(slot)
-                        .map_or_else(|| OffloadKey::new(&[]), |state| state.key.clone())
-                })
-                .collect();
             let deadline = now + self.call_timeout;
             self.running.insert(
                 id,
@@ -862,6 +894,7 @@ impl Ledger {
                     };
                     self.resolve(probe, phase, 0);
                 }
+                self.batch.recycle(call.probes);
                 return;
             }
             CallOutcome::Answered(found) => {
@@ -914,6 +947,7 @@ impl Ledger {
                 }
             }
         }
+        self.batch.recycle(call.probes);
     }
 
     /// Applies one key's result (`retry_at` for phase `Failed`); returns
@@ -1053,11 +1087,18 @@ impl Ledger {
                 }
             }
         };
-        for slot in entry.created {
+        for &slot in &entry.created {
             release(&mut self.keys, slot);
         }
-        for slot in entry.shared.slots {
+        for &slot in &entry.shared.slots {
             release(&mut self.keys, slot);
+        }
+        for list in [entry.created, entry.shared.slots] {
+            if list.capacity() == RUN_CAPACITY && self.spare_lists.len() < SPARE_LISTS {
+                let mut list = list;
+                list.clear();
+                self.spare_lists.push(list);
+            }
         }
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.

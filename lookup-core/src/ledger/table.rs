@@ -140,11 +140,6 @@ impl KeyTable {
         self.slab.get(slot)
     }
 
-    #[inline]
-    pub(super) fn get_mut(&mut self, slot: Slot) -> Option<&mut KeyEntry> {
-        self.slab.get_mut(slot)
-    }
-
     /// Both parts of the entry at `slot`.
     #[inline]
     pub(super) fn get_both(&mut self, slot: Slot) -> Option<(&mut KeyEntry, &mut KeyCold)> {
