@@ -191,6 +191,24 @@ fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The largest time to verdict recorded, in microseconds: one hour, the
+/// bound of [`LatencyHistogram`], which clamps every other sample to it.
+const TTV_MAX_US: u64 = 3_600_000_000;
+
+/// A run of first verdicts of keys flushed together: the scheduler asks
+/// for them one after the other, so one clock read times them all (early
+/// by at most the step's own lookup time), and they are counted here and
+/// recorded as one histogram update when the run ends.
+#[derive(Debug, Clone, Copy, Default)]
+struct VerdictRun {
+    /// The keys' flush time, in ticks plus one; 0 when no run is open.
+    flushed_at: u64,
+    /// Their time to verdict, read at the first of them (1 µs at least).
+    waited_us: u64,
+    /// First verdicts of the run not yet in the histogram.
+    held: u64,
+}
+
 #[derive(Debug)]
 struct RequestEntry {
     serial: u32,
@@ -251,10 +269,9 @@ pub struct Ledger {
     /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
     /// instead of 16 in every key's state.
     epoch: Instant,
-    /// The flush time (ticks + 1) of the keys whose first verdicts are
-    /// being returned, and their time to verdict, read at the first of them
-    /// (see `record_verdict_time`); reset by a flush or an answer.
-    verdict_run: Option<(u64, u64)>,
+    /// The first verdicts being returned for keys flushed together (see
+    /// `record_verdict_time`); ended by a flush or an answer.
+    verdict_run: VerdictRun,
     keys: KeyTable,
     /// Request id → its entry in `request_slab`.
     requests: FastMap<Arc<str>, Slot>,
@@ -307,7 +324,7 @@ impl Ledger {
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: Instant::now(),
-            verdict_run: None,
+            verdict_run: VerdictRun::default(),
             keys: KeyTable::default(),
             requests: FastMap::default(),
             request_slab: Slab::default(),
@@ -557,20 +574,47 @@ impl Ledger {
     /// run of first verdicts of keys flushed together, until the next flush
     /// or answer: a scheduler's step asks for them one after the other, and
     /// one read times them all (early by at most the step's own lookup time).
-    #[inline]
+    #[inline(always)]
     fn record_verdict_time(&mut self, flushed_at: u64, now: &mut LazyNow) {
         if flushed_at == 0 {
             return;
         }
-        let waited = match self.verdict_run {
-            Some((run_flushed_at, waited)) if run_flushed_at == flushed_at => waited,
-            _ => {
-                let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
-                self.verdict_run = Some((flushed_at, waited));
-                waited
-            }
+        if self.verdict_run.flushed_at == flushed_at {
+            self.verdict_run.held += 1;
+        } else {
+            self.start_verdict_run(flushed_at, now);
+        }
+    }
+
+    /// Starts a run of first verdicts of keys flushed at `flushed_at` (ticks
+    /// plus one), reading the clock; the previous run's samples are recorded.
+    #[inline(never)]
+    fn start_verdict_run(&mut self, flushed_at: u64, now: &mut LazyNow) {
+        self.settle_verdict_run();
+        let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
+        self.verdict_run = VerdictRun {
+            flushed_at,
+            waited_us: (waited / 1_000).clamp(1, TTV_MAX_US),
+            held: 1,
         };
-        self.time_to_verdict.record(Duration::from_nanos(waited));
+    }
+
+    /// Records the samples of the run of first verdicts held back so far.
+    fn settle_verdict_run(&mut self) {
+        let run = &mut self.verdict_run;
+        if run.held > 0 {
+            self.time_to_verdict
+                .raw_mut()
+                .saturating_record_n(run.waited_us, run.held);
+            run.held = 0;
+        }
+    }
+
+    /// Records the run of first verdicts and ends it: the next first
+    /// verdict reads the clock again.
+    fn end_verdict_run(&mut self) {
+        self.settle_verdict_run();
+        self.verdict_run = VerdictRun::default();
     }
 
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
@@ -675,9 +719,9 @@ impl Ledger {
     /// gets the new keys added to it (up to `max_keys_per_call`), so a
     /// backlog coalesces instead of growing a call per step.
     pub fn flush(&mut self, now: Instant) {
+        self.end_verdict_run();
         self.time_to_verdict.settle();
         self.call_latency.settle();
-        self.verdict_run = None;
         if self.batch.is_empty() {
             return;
         }
@@ -879,7 +923,7 @@ impl Ledger {
             self.counters.late_answers_dropped += 1;
             return;
         };
-        self.verdict_run = None;
+        self.end_verdict_run();
         self.counters.calls_finished += 1;
         self.finish_group(call.step);
         self.call_latency.record(elapsed);
@@ -1122,6 +1166,7 @@ impl Ledger {
             );
         }
         // Shutdown: every held-back time-to-verdict sample is recorded now.
+        self.end_verdict_run();
         self.time_to_verdict.settle();
         self.call_latency.settle();
     }
@@ -1191,7 +1236,15 @@ impl Ledger {
             queued_keys: self.queued_keys + self.batch.len,
             tracked_requests: self.requests.len(),
             tier_call_latency: self.call_latency.summary(),
-            time_to_verdict: self.time_to_verdict.summary(),
+            time_to_verdict: if self.verdict_run.held > 0 {
+                // With the run of first verdicts held back.
+                let mut ttv = self.time_to_verdict.clone();
+                let run = &self.verdict_run;
+                ttv.raw_mut().saturating_record_n(run.waited_us, run.held);
+                ttv.summary()
+            } else {
+                self.time_to_verdict.summary()
+            },
             first_error: c.first_error.clone(),
         }
     }
