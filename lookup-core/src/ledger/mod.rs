@@ -101,8 +101,9 @@
 //! "already asked by this request" mark) is one 64-byte, cache-line-aligned
 //! value, so a lookup of a resolved key touches one line past the table; the
 //! cold part (reference count, creator, flush and retry times) sits in a
-//! parallel array read only when a request first refers to a key, at flush,
-//! at answer and at cleanup. Everything downstream (the flush batch and the
+//! parallel array of the same fixed-size segment (one segment lookup reaches
+//! both), read only when a request first refers to a key, at flush, at
+//! answer and at cleanup. Everything downstream (the flush batch and the
 //! queued groups of `batch.rs`, running calls, queue deadlines, a request's
 //! references) holds `(slot, generation)` pairs and reaches the entry by
 //! index; the generation check makes a pair whose slot was freed or reused
@@ -162,7 +163,7 @@ fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
     for i in 0..shared.slots.len() {
         let slot = shared.slots[i];
         if kept > 0 && shared.slots[kept - 1] == slot {
-            if let Some(cold) = keys.cold.get_mut(slot as usize) {
+            if let Some((_, cold)) = keys.get_both(slot) {
                 cold.refs = cold.refs.saturating_sub(1);
             }
         } else {
@@ -666,12 +667,15 @@ impl Ledger {
                     self.renumber_requests();
                 }
                 let serial = self.next_serial;
-                let slot = self.request_slab.insert(RequestEntry {
-                    serial,
-                    created: Vec::new(),
-                    shared: SharedRefs::default(),
-                    queued_group: None,
-                })?;
+                let slot = self.request_slab.insert(
+                    RequestEntry {
+                        serial,
+                        created: Vec::new(),
+                        shared: SharedRefs::default(),
+                        queued_group: None,
+                    },
+                    (),
+                )?;
                 self.next_serial += 1;
                 self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
                 (slot, serial)
@@ -689,7 +693,7 @@ impl Ledger {
     fn renumber_requests(&mut self) {
         let mut renumbered: HashMap<u32, u32> = HashMap::new();
         let mut next = 0u32;
-        for entry in self.request_slab.iter_mut() {
+        for (entry, ()) in self.request_slab.iter_mut() {
             renumbered.insert(entry.serial, next);
             entry.serial = next;
             next = next.saturating_add(1);
@@ -1357,13 +1361,7 @@ mod tests {
         }
         let refs: Vec<u32> = keys
             .iter()
-            .map(|k| {
-                l.keys
-                    .cold
-                    .get(l.keys.find(k).unwrap() as usize)
-                    .unwrap()
-                    .refs
-            })
+            .map(|k| l.keys.cold(l.keys.find(k).unwrap()).unwrap().refs)
             .collect();
         assert!(refs.iter().all(|&r| (2..=3).contains(&r)), "{refs:?}");
         l.cleanup("b");
