@@ -60,7 +60,9 @@ impl<T, C: Copy + Default> Slab<T, C> {
         };
         let (hot, cold_part) = self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?;
         let i = slot as usize & (SEGMENT_LEN - 1);
-        hot[i] = Some(value);
+        // A free index holds `None`: nothing to drop (no drop glue to run).
+        debug_assert!(hot[i].is_none(), "slab index {slot} handed out twice");
+        std::mem::forget(hot[i].replace(value));
         cold_part[i] = cold;
         self.len += 1;
         Some(slot)
