@@ -295,10 +295,13 @@ pub struct Ledger {
     next_group_seq: u64,
     queued_keys: usize,
 
-    /// (deadline in ticks, probe) of every flushed key, in flush order: a
-    /// key still waiting for a call at its deadline resolves as a timeout,
-    /// so a saturated or hung tier cannot make keys wait unbounded.
-    queue_deadlines: VecDeque<(u64, Probe)>,
+    /// (deadline in ticks, flush time in ticks plus one, group sequence
+    /// number) of every group a flush queued keys in, in flush order: a key
+    /// still waiting for a call at its deadline resolves as a timeout, so a
+    /// saturated or hung tier cannot make keys wait unbounded. One entry per
+    /// group and flush, not per key: the keys an entry covers are those of
+    /// its group still queued with that flush time.
+    queue_deadlines: VecDeque<(u64, u64, u64)>,
     running: FastMap<CallId, RunningCall>,
     /// Deadlines in start order; one timeout for all calls keeps them sorted.
     deadlines: VecDeque<(Instant, CallId)>,
@@ -738,11 +741,7 @@ impl Ledger {
             // Queue the run's keys still waiting for this flush (a key may
             // have been cleaned up, forced to miss or re-probed since).
             let mut probes = run.probes;
-            let (keys, queued_keys, deadlines) = (
-                &mut self.keys,
-                &mut self.queued_keys,
-                &mut self.queue_deadlines,
-            );
+            let (keys, queued_keys) = (&mut self.keys, &mut self.queued_keys);
             probes.retain(|&probe| {
                 let Some((state, cold)) = keys.probe_both(probe) else {
                     return false;
@@ -753,7 +752,6 @@ impl Ledger {
                 state.phase = Phase::Queued;
                 cold.time = flushed_at;
                 *queued_keys += 1;
-                deadlines.push_back((queue_deadline, probe));
                 true
             });
             if probes.is_empty() {
@@ -776,7 +774,11 @@ impl Ledger {
                 .filter(|g| g.request == run.request)
             {
                 let take = max.saturating_sub(group.probes.len()).min(probes.len());
-                group.probes.extend(probes.drain(..take));
+                if take > 0 {
+                    group.probes.extend(probes.drain(..take));
+                    self.queue_deadlines
+                        .push_back((queue_deadline, flushed_at, group.seq));
+                }
             }
             // The rest in new groups of at most `max_keys_per_call` keys; the
             // first reuses the run's vector.
@@ -790,6 +792,8 @@ impl Ledger {
                 let seq = self.next_group_seq;
                 self.next_group_seq += 1;
                 last_seq = Some(seq);
+                self.queue_deadlines
+                    .push_back((queue_deadline, flushed_at, seq));
                 self.ready.push_back(Group {
                     seq,
                     step,
@@ -1047,21 +1051,35 @@ impl Ledger {
         // Keys flushed a whole call timeout ago and still waiting for a call.
         let now_ticks = ticks(self.epoch, now);
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        while let Some(&(deadline, probe)) = self.queue_deadlines.front() {
-            let still_queued = self
-                .keys
-                .get(probe.0)
-                .is_some_and(|s| s.generation == probe.1 && s.phase == Phase::Queued);
-            if still_queued && deadline > now_ticks {
+        while let Some(&(deadline, flushed_at, seq)) = self.queue_deadlines.front() {
+            // The group, if it still waits in `ready` (groups there have
+            // consecutive sequence numbers).
+            let front_seq = self.ready.front().map_or(0, |g| g.seq);
+            let group = seq
+                .checked_sub(front_seq)
+                .and_then(|idx| usize::try_from(idx).ok())
+                .and_then(|idx| self.ready.get(idx))
+                .filter(|g| g.seq == seq);
+            if group.is_some() && deadline > now_ticks {
                 break;
             }
-            // Expired, or stale (the key started, resolved or left): either
-            // way the entry goes, which keeps the queue as short as the
-            // keys actually waiting.
+            // Expired, or stale (the group started): either way the entry
+            // goes, which keeps the queue as short as the groups waiting.
             self.queue_deadlines.pop_front();
-            if still_queued {
-                self.keys.set_failed(probe.0, retry_at);
-                self.counters.timeouts += 1;
+            let Some(group) = group else {
+                continue;
+            };
+            for &probe in &group.probes {
+                // Still queued since this flush (a key queued by a later
+                // flush, topping up the group, has an entry of its own).
+                let expired = self
+                    .keys
+                    .probe_both(probe)
+                    .is_some_and(|(s, c)| s.phase == Phase::Queued && c.time == flushed_at);
+                if expired {
+                    self.keys.set_failed(probe.0, retry_at);
+                    self.counters.timeouts += 1;
+                }
             }
         }
         if self.queue_deadlines.capacity() > 4 * self.queue_deadlines.len().max(1024) {
@@ -1372,6 +1390,51 @@ mod tests {
         );
         l.cleanup("a");
         assert!(l.is_empty(), "{:?}", l.stats());
+    }
+
+    #[test]
+    fn keys_topping_up_a_queued_group_time_out_at_their_own_deadline() {
+        let cfg = ManagerConfig {
+            call_timeout_ms: 100,
+            max_calls_in_flight: 1,
+            ..ManagerConfig::named("test")
+        };
+        let mut l = Ledger::new(&cfg);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+        let key = |i: u8| OffloadKey::new(&[i; 36]);
+        // a's call takes the only slot; b's first key waits in a group.
+        l.lookup(&key(1), &a, &mut LazyNow::at(t0)).unwrap();
+        l.flush(t0);
+        let running = l.next_call(t0).expect("a call for a");
+        l.lookup(&key(2), &b, &mut LazyNow::at(t0)).unwrap();
+        l.flush(t0);
+        assert!(l.next_call(t0).is_none(), "the only call slot is taken");
+        // 60 ms later b's second key tops up the same waiting group.
+        l.lookup(&key(3), &b, &mut LazyNow::at(t0 + ms(60)))
+            .unwrap();
+        l.flush(t0 + ms(60));
+        // a's call answers at 50 ms: keep its key out of the way.
+        l.complete(
+            running.id,
+            CallOutcome::Answered(vec![true]),
+            ms(1),
+            t0 + ms(50),
+        );
+        let verdict = |l: &mut Ledger, i: u8, at: Duration| {
+            l.lookup(&key(i), &b, &mut LazyNow::at(t0 + at)).unwrap()
+        };
+        // At 100 ms only the key flushed at 0 has waited a whole timeout.
+        l.expire(t0 + ms(100));
+        assert_eq!(l.stats().timeouts, 1);
+        assert_eq!(verdict(&mut l, 2, ms(100)), LookupVerdict::Miss);
+        assert_eq!(verdict(&mut l, 3, ms(100)), LookupVerdict::Pending);
+        l.expire(t0 + ms(159));
+        assert_eq!(l.stats().timeouts, 1);
+        l.expire(t0 + ms(160));
+        assert_eq!(l.stats().timeouts, 2);
+        assert_eq!(verdict(&mut l, 3, ms(160)), LookupVerdict::Miss);
     }
 
     #[test]

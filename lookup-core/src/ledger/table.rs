@@ -132,11 +132,6 @@ impl KeyTable {
         }
     }
 
-    #[inline]
-    pub(super) fn get(&self, slot: Slot) -> Option<&KeyEntry> {
-        self.slab.get(slot)
-    }
-
     /// Both parts of the entry at `slot`.
     #[inline]
     pub(super) fn get_both(&mut self, slot: Slot) -> Option<(&mut KeyEntry, &mut KeyCold)> {
