@@ -7,9 +7,13 @@ pub(super) type Slot = u32;
 const SEGMENT_SHIFT: u32 = 10;
 const SEGMENT_LEN: usize = 1 << SEGMENT_SHIFT;
 
-/// One segment: `SEGMENT_LEN` entries and their cold parts, each array
-/// allocated whole when the segment is added.
-type Segment<T, C> = (Box<[Option<T>; SEGMENT_LEN]>, Box<[C; SEGMENT_LEN]>);
+/// One segment: `SEGMENT_LEN` entries and their cold parts, allocated
+/// whole when the segment is added.
+#[derive(Debug)]
+struct Segment<T, C> {
+    hot: [Option<T>; SEGMENT_LEN],
+    cold: [C; SEGMENT_LEN],
+}
 
 /// Values with stable `u32` indices, each with a cold part `C` kept in a
 /// parallel array (reached through the same segment, so reading both parts
@@ -23,7 +27,7 @@ type Segment<T, C> = (Box<[Option<T>; SEGMENT_LEN]>, Box<[C; SEGMENT_LEN]>);
 /// no bounds check within it.
 #[derive(Debug)]
 pub(super) struct Slab<T, C = ()> {
-    segments: Vec<Segment<T, C>>,
+    segments: Vec<Box<Segment<T, C>>>,
     /// Indices `0..end` were handed out at least once since the slab was
     /// last empty; entries past it are `None`.
     end: usize,
@@ -58,7 +62,10 @@ impl<T, C: Copy + Default> Slab<T, C> {
                 slot
             }
         };
-        let (hot, cold_part) = self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?;
+        let Segment {
+            hot,
+            cold: cold_part,
+        } = &mut **self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?;
         let i = slot as usize & (SEGMENT_LEN - 1);
         // A free index holds `None`: nothing to drop (no drop glue to run).
         debug_assert!(hot[i].is_none(), "slab index {slot} handed out twice");
@@ -68,32 +75,43 @@ impl<T, C: Copy + Default> Slab<T, C> {
         Some(slot)
     }
 
+    /// Adds a segment, built in place on the heap (it is 80 KiB for the key
+    /// table: `Box::new` would build it on the stack first).
     #[cold]
     fn add_segment(&mut self) {
-        let hot: Box<[Option<T>]> = (0..SEGMENT_LEN).map(|_| None).collect();
-        let cold: Box<[C]> = vec![C::default(); SEGMENT_LEN].into_boxed_slice();
-        match (hot.try_into(), cold.try_into()) {
-            (Ok(hot), Ok(cold)) => self.segments.push((hot, cold)),
-            _ => unreachable!("both slices have SEGMENT_LEN entries"),
-        }
+        let mut segment = Box::<Segment<T, C>>::new_uninit();
+        let p = segment.as_mut_ptr();
+        // SAFETY: `p` points to memory for one `Segment`; every element of
+        // both its arrays (its only fields) is written before
+        // `assume_init`, through raw pointers that never read it.
+        let segment = unsafe {
+            let hot = (&raw mut (*p).hot).cast::<Option<T>>();
+            let cold = (&raw mut (*p).cold).cast::<C>();
+            for i in 0..SEGMENT_LEN {
+                hot.add(i).write(None);
+                cold.add(i).write(C::default());
+            }
+            segment.assume_init()
+        };
+        self.segments.push(segment);
     }
 
     #[inline(always)]
     pub(super) fn get(&self, slot: Slot) -> Option<&T> {
-        let (hot, _) = self.segments.get(slot as usize >> SEGMENT_SHIFT)?;
+        let hot = &self.segments.get(slot as usize >> SEGMENT_SHIFT)?.hot;
         hot[slot as usize & (SEGMENT_LEN - 1)].as_ref()
     }
 
     #[inline(always)]
     pub(super) fn get_mut(&mut self, slot: Slot) -> Option<&mut T> {
-        let (hot, _) = self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?;
+        let hot = &mut self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?.hot;
         hot[slot as usize & (SEGMENT_LEN - 1)].as_mut()
     }
 
     /// Both parts of the entry at `slot`, if it holds one.
     #[inline(always)]
     pub(super) fn get_both(&mut self, slot: Slot) -> Option<(&mut T, &mut C)> {
-        let (hot, cold) = self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?;
+        let Segment { hot, cold } = &mut **self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?;
         let i = slot as usize & (SEGMENT_LEN - 1);
         Some((hot[i].as_mut()?, &mut cold[i]))
     }
@@ -101,14 +119,14 @@ impl<T, C: Copy + Default> Slab<T, C> {
     /// The cold part of the entry at `slot`, if it holds one.
     #[cfg(test)]
     pub(super) fn cold(&self, slot: Slot) -> Option<&C> {
-        let (hot, cold) = self.segments.get(slot as usize >> SEGMENT_SHIFT)?;
+        let Segment { hot, cold } = &**self.segments.get(slot as usize >> SEGMENT_SHIFT)?;
         let i = slot as usize & (SEGMENT_LEN - 1);
         hot[i].as_ref().map(|_| &cold[i])
     }
 
     #[inline]
     pub(super) fn remove(&mut self, slot: Slot) -> Option<T> {
-        let (hot, _) = self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?;
+        let hot = &mut self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?.hot;
         let value = hot[slot as usize & (SEGMENT_LEN - 1)].take()?;
         self.len -= 1;
         if self.len == 0 {
@@ -127,7 +145,8 @@ impl<T, C: Copy + Default> Slab<T, C> {
     /// Every entry with its cold part.
     #[inline]
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (&mut T, &mut C)> {
-        self.segments.iter_mut().flat_map(|(hot, cold)| {
+        self.segments.iter_mut().flat_map(|segment| {
+            let Segment { hot, cold } = &mut **segment;
             hot.iter_mut()
                 .zip(cold.iter_mut())
                 .filter_map(|(h, c)| Some((h.as_mut()?, c)))
