@@ -454,17 +454,17 @@ impl Ledger {
                 return LookupVerdict::Pending;
             }
             let generation = self.next_generation;
-            let Some(slot) = self.keys.insert(
-                KeyEntry {
+            let Some(slot) = self
+                .keys
+                .insert(key.prehash(), KeyCold::new(serial), || KeyEntry {
                     key: key.clone(),
                     generation,
                     last_req: serial,
                     phase: Phase::Unsubmitted,
                     reported: false,
                     revalidating: false,
-                },
-                KeyCold::new(serial),
-            ) else {
+                })
+            else {
                 self.counters.deferred += 1;
                 return LookupVerdict::Pending;
             };

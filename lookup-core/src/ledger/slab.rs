@@ -51,6 +51,13 @@ impl<T, C: Copy + Default> Slab<T, C> {
     /// taken.
     #[inline]
     pub(super) fn insert(&mut self, value: T, cold: C) -> Option<Slot> {
+        self.insert_with(cold, || value)
+    }
+
+    /// [`insert`](Self::insert) of the value `make` returns, made once its
+    /// place is known (so it can be built there rather than copied).
+    #[inline(always)]
+    pub(super) fn insert_with(&mut self, cold: C, make: impl FnOnce() -> T) -> Option<Slot> {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -69,7 +76,7 @@ impl<T, C: Copy + Default> Slab<T, C> {
         let i = slot as usize & (SEGMENT_LEN - 1);
         // A free index holds `None`: nothing to drop (no drop glue to run).
         debug_assert!(hot[i].is_none(), "slab index {slot} handed out twice");
-        std::mem::forget(hot[i].replace(value));
+        std::mem::forget(hot[i].replace(make()));
         cold_part[i] = cold;
         self.len += 1;
         Some(slot)

@@ -103,11 +103,16 @@ impl KeyTable {
         Some((slot, found?))
     }
 
-    /// Adds an entry for a key not in the table; `None` if the slab is full.
+    /// Adds the entry `make` builds (in place) for a key not in the table,
+    /// whose prehash is `hash`; `None` if the slab is full.
     #[inline]
-    pub(super) fn insert(&mut self, entry: KeyEntry, cold: KeyCold) -> Option<Slot> {
-        let hash = entry.key.prehash();
-        let slot = self.slab.insert(entry, cold)?;
+    pub(super) fn insert(
+        &mut self,
+        hash: u64,
+        cold: KeyCold,
+        make: impl FnOnce() -> KeyEntry,
+    ) -> Option<Slot> {
+        let slot = self.slab.insert_with(cold, make)?;
         let slab = &self.slab;
         self.index.insert_unique(hash, slot, |&s| {
             slab.get(s).map_or(0, |entry| entry.key.prehash())
