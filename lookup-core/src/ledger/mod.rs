@@ -104,12 +104,16 @@
 //! parallel array of the same fixed-size segment (one segment lookup reaches
 //! both), read only when a request first refers to a key, at flush, at
 //! answer and at cleanup. Everything downstream (the flush batch and the
-//! queued groups of `batch.rs`, running calls, queue deadlines, a request's
-//! references) holds `(slot, generation)` pairs and reaches the entry by
-//! index; the generation check makes a pair whose slot was freed or reused
-//! harmless. Keys of one step get neighbouring slots, so a flush, a call
-//! start and an answer walk memory in order. The values that cross to a
-//! transport ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
+//! queued groups of `batch.rs`, running calls, a request's references)
+//! holds `(slot, generation)` pairs and reaches the entry by index; the
+//! generation check makes a pair whose slot was freed or reused harmless.
+//! Queue deadlines are kept per group and flush, not per key. Keys of one
+//! step get neighbouring slots, so a flush, a call start and an answer walk
+//! memory in order; a call's key list is written in the pass that moves its
+//! keys in flight. The vectors of a step (a request's run of probes, its
+//! lists of created and shared keys) are recycled, so a steady step loop
+//! allocates little beyond each call's key list. The values that cross to
+//! a transport ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
 
 mod batch;
 mod call;
