@@ -9,12 +9,19 @@ use crate::key::ReqContext;
 /// as usual past it).
 pub(super) const RUN_CAPACITY: usize = 32;
 
+/// How many emptied probe vectors of `RUN_CAPACITY` a batch keeps for its
+/// next runs (one per request of a typical step; each is 512 bytes).
+const SPARE_RUNS: usize = 64;
+
 /// Keys looked up since the last flush, in runs of one request each (a
 /// scheduler looks up a request's keys together).
 #[derive(Debug, Default)]
 pub(super) struct Batch {
     pub(super) runs: Vec<BatchRun>,
     pub(super) len: usize,
+    /// Emptied probe vectors of answered calls, reused by new runs: a step
+    /// then allocates no vector per request.
+    spare: Vec<Vec<Probe>>,
 }
 
 #[derive(Debug)]
@@ -26,23 +33,38 @@ pub(super) struct BatchRun {
 }
 
 impl Batch {
-    #[inline]
+    #[inline(always)]
     pub(super) fn push(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
         match self.runs.last_mut() {
             Some(run) if run.request == (request, serial) => run.probes.push(probe),
-            _ => self.runs.push(BatchRun {
-                request: (request, serial),
-                ctx: ctx.clone(),
-                probes: {
-                    // A scheduler looks up a request's keys together:
-                    // start with room for a typical run, not one key.
-                    let mut probes = Vec::with_capacity(RUN_CAPACITY);
-                    probes.push(probe);
-                    probes
-                },
-            }),
+            _ => self.new_run(request, serial, ctx, probe),
         }
         self.len += 1;
+    }
+
+    #[inline(never)]
+    fn new_run(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
+        // A scheduler looks up a request's keys together: start with room
+        // for a typical run, not one key.
+        let mut probes = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY));
+        probes.push(probe);
+        self.runs.push(BatchRun {
+            request: (request, serial),
+            ctx: ctx.clone(),
+            probes,
+        });
+    }
+
+    /// Keeps an emptied probe vector of the usual size for a later run.
+    #[inline]
+    pub(super) fn recycle(&mut self, mut probes: Vec<Probe>) {
+        if probes.capacity() == RUN_CAPACITY && self.spare.len() < SPARE_RUNS {
+            probes.clear();
+            self.spare.push(probes);
+        }
     }
 
     #[inline]

@@ -101,14 +101,19 @@
 //! "already asked by this request" mark) is one 64-byte, cache-line-aligned
 //! value, so a lookup of a resolved key touches one line past the table; the
 //! cold part (reference count, creator, flush and retry times) sits in a
-//! parallel array read only when a request first refers to a key, at flush,
-//! at answer and at cleanup. Everything downstream (the flush batch and the
-//! queued groups of `batch.rs`, running calls, queue deadlines, a request's
-//! references) holds `(slot, generation)` pairs and reaches the entry by
-//! index; the generation check makes a pair whose slot was freed or reused
-//! harmless. Keys of one step get neighbouring slots, so a flush, a call
-//! start and an answer walk memory in order. The values that cross to a
-//! transport ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
+//! parallel array of the same fixed-size segment (one segment lookup reaches
+//! both), read only when a request first refers to a key, at flush, at
+//! answer and at cleanup. Everything downstream (the flush batch and the
+//! queued groups of `batch.rs`, running calls, a request's references)
+//! holds `(slot, generation)` pairs and reaches the entry by index; the
+//! generation check makes a pair whose slot was freed or reused harmless.
+//! Queue deadlines are kept per group and flush, not per key. Keys of one
+//! step get neighbouring slots, so a flush, a call start and an answer walk
+//! memory in order; a call's key list is written in the pass that moves its
+//! keys in flight. The vectors of a step (a request's run of probes, its
+//! lists of created and shared keys) are recycled, so a steady step loop
+//! allocates little beyond each call's key list. The values that cross to
+//! a transport ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
 
 mod batch;
 mod call;
@@ -116,6 +121,7 @@ mod slab;
 mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -161,7 +167,7 @@ fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
     for i in 0..shared.slots.len() {
         let slot = shared.slots[i];
         if kept > 0 && shared.slots[kept - 1] == slot {
-            if let Some(cold) = keys.cold.get_mut(slot as usize) {
+            if let Some((_, cold)) = keys.get_both(slot) {
                 cold.refs = cold.refs.saturating_sub(1);
             }
         } else {
@@ -173,9 +179,39 @@ fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
     shared.compact_at = 2 * kept;
 }
 
+/// How many emptied key lists of cleaned-up requests the ledger keeps for
+/// new requests (128 bytes each).
+const SPARE_LISTS: usize = 128;
+
+/// An empty key list with room for `RUN_CAPACITY` keys, reused if one is spare.
+#[inline]
+fn new_list(spare: &mut Vec<Vec<Slot>>) -> Vec<Slot> {
+    spare
+        .pop()
+        .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
+}
+
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The largest time to verdict recorded, in microseconds: one hour, the
+/// bound of [`LatencyHistogram`], which clamps every other sample to it.
+const TTV_MAX_US: u64 = 3_600_000_000;
+
+/// A run of first verdicts of keys flushed together: the scheduler asks
+/// for them one after the other, so one clock read times them all (early
+/// by at most the step's own lookup time), and they are counted here and
+/// recorded as one histogram update when the run ends.
+#[derive(Debug, Clone, Copy, Default)]
+struct VerdictRun {
+    /// The keys' flush time, in ticks plus one; 0 when no run is open.
+    flushed_at: u64,
+    /// Their time to verdict, read at the first of them (1 µs at least).
+    waited_us: u64,
+    /// First verdicts of the run not yet in the histogram.
+    held: u64,
 }
 
 #[derive(Debug)]
@@ -238,10 +274,9 @@ pub struct Ledger {
     /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
     /// instead of 16 in every key's state.
     epoch: Instant,
-    /// The flush time (ticks + 1) of the keys whose first verdicts are
-    /// being returned, and their time to verdict, read at the first of them
-    /// (see `record_first_verdict`); reset by a flush or an answer.
-    verdict_run: Option<(u64, u64)>,
+    /// The first verdicts being returned for keys flushed together (see
+    /// `record_verdict_time`); ended by a flush or an answer.
+    verdict_run: VerdictRun,
     keys: KeyTable,
     /// Request id → its entry in `request_slab`.
     requests: FastMap<Arc<str>, Slot>,
@@ -255,16 +290,22 @@ pub struct Ledger {
     /// forgotten (see `renumber_requests`), so two live requests never
     /// share a serial.
     next_serial: u32,
+    /// Emptied key lists of cleaned-up requests, of `RUN_CAPACITY`, reused
+    /// by new requests: a step then allocates no list per request.
+    spare_lists: Vec<Vec<Slot>>,
 
     batch: Batch,
     ready: VecDeque<Group>,
     next_group_seq: u64,
     queued_keys: usize,
 
-    /// (deadline in ticks, probe) of every flushed key, in flush order: a
-    /// key still waiting for a call at its deadline resolves as a timeout,
-    /// so a saturated or hung tier cannot make keys wait unbounded.
-    queue_deadlines: VecDeque<(u64, Probe)>,
+    /// (deadline in ticks, flush time in ticks plus one, group sequence
+    /// number) of every group a flush queued keys in, in flush order: a key
+    /// still waiting for a call at its deadline resolves as a timeout, so a
+    /// saturated or hung tier cannot make keys wait unbounded. One entry per
+    /// group and flush, not per key: the keys an entry covers are those of
+    /// its group still queued with that flush time.
+    queue_deadlines: VecDeque<(u64, u64, u64)>,
     running: FastMap<CallId, RunningCall>,
     /// Deadlines in start order; one timeout for all calls keeps them sorted.
     deadlines: VecDeque<(Instant, CallId)>,
@@ -291,13 +332,14 @@ impl Ledger {
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: Instant::now(),
-            verdict_run: None,
+            verdict_run: VerdictRun::default(),
             keys: KeyTable::default(),
             requests: FastMap::default(),
             request_slab: Slab::default(),
             last_request: None,
             next_generation: 0,
             next_serial: 0,
+            spare_lists: Vec::new(),
             batch: Batch::default(),
             ready: VecDeque::new(),
             next_group_seq: 0,
@@ -416,17 +458,17 @@ impl Ledger {
                 return LookupVerdict::Pending;
             }
             let generation = self.next_generation;
-            let Some(slot) = self.keys.insert(
-                KeyEntry {
+            let Some(slot) = self
+                .keys
+                .insert(key.prehash(), KeyCold::new(serial), || KeyEntry {
                     key: key.clone(),
                     generation,
                     last_req: serial,
                     phase: Phase::Unsubmitted,
                     reported: false,
                     revalidating: false,
-                },
-                KeyCold::new(serial),
-            ) else {
+                })
+            else {
                 self.counters.deferred += 1;
                 return LookupVerdict::Pending;
             };
@@ -434,54 +476,65 @@ impl Ledger {
             self.batch.push(request, serial, ctx, (slot, generation));
             if let Some(req) = self.request_slab.get_mut(request) {
                 if req.created.capacity() == 0 {
-                    req.created.reserve_exact(RUN_CAPACITY);
+                    req.created = new_list(&mut self.spare_lists);
                 }
                 req.created.push(slot);
             }
             return LookupVerdict::Pending;
         };
         let (keys, request_slab) = (&mut self.keys, &mut self.request_slab);
-        let Some(state) = keys.get_mut(slot) else {
+        let Some((state, cold)) = keys.get_both(slot) else {
             return LookupVerdict::Pending; // unreachable: `find` returned it
         };
-
+        let mut compact = false;
         if state.last_req != serial {
             state.last_req = serial;
-            if let Some(cold) = keys.cold.get_mut(slot as usize)
-                && cold.creator != serial
+            if cold.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
             {
                 cold.refs += 1;
                 let shared = &mut req.shared;
                 if shared.slots.capacity() == 0 {
-                    shared.slots.reserve_exact(RUN_CAPACITY);
+                    shared.slots = new_list(&mut self.spare_lists);
                 }
                 shared.slots.push(slot);
-                if shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN) {
-                    compact_shared(keys, shared);
-                }
+                compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
             }
         }
-        let Some(state) = self.keys.get_mut(slot) else {
-            return LookupVerdict::Pending; // unreachable: `find` returned it
-        };
-
         let verdict = match state.phase {
             Phase::Present => LookupVerdict::Hit,
             Phase::Absent | Phase::ForcedMiss => LookupVerdict::Miss,
-            Phase::Unsubmitted | Phase::Queued | Phase::InFlight if state.revalidating => {
-                return LookupVerdict::Miss;
-            }
             Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
-                return LookupVerdict::Pending;
+                if state.revalidating {
+                    LookupVerdict::Miss
+                } else {
+                    LookupVerdict::Pending
+                }
             }
-            Phase::Failed => return self.lookup_failed(slot, request, serial, ctx, now),
+            Phase::Failed => {
+                if compact {
+                    self.compact_request(request);
+                }
+                return self.lookup_failed(slot, request, serial, ctx, now);
+            }
         };
-        if !state.reported {
+        if !state.reported && matches!(state.phase, Phase::Present | Phase::Absent) {
             state.reported = true;
-            self.record_first_verdict(slot, now);
+            let flushed_at = cold.time;
+            self.record_verdict_time(flushed_at, now);
+        }
+        if compact {
+            self.compact_request(request);
         }
         verdict
+    }
+
+    /// Compacts the shared references of the request at `request`.
+    #[cold]
+    fn compact_request(&mut self, request: Slot) {
+        if let Some(req) = self.request_slab.get_mut(request) {
+            compact_shared(&mut self.keys, &mut req.shared);
+        }
     }
 
     /// A lookup of a key in phase `Failed`: miss, and past the back-off a
@@ -524,33 +577,52 @@ impl Ledger {
         LookupVerdict::Miss
     }
 
-    /// Records the time from the key's flush to its first verdict. The
-    /// clock is read once per run of first verdicts of keys flushed
-    /// together, until the next flush or answer: a scheduler's step asks
-    /// for them one after the other, and one read times them all (early by
-    /// at most the step's own lookup time).
-    #[inline]
-    fn record_first_verdict(&mut self, slot: Slot, now: &mut LazyNow) {
-        let flushed_at = self.keys.cold.get(slot as usize).map_or(0, |c| c.time);
-        self.record_verdict_time(flushed_at, now);
-    }
-
-    /// [`record_first_verdict`](Self::record_first_verdict) of a key flushed
-    /// at `flushed_at` (ticks plus one; 0 if never flushed).
-    #[inline]
+    /// Records the time from a key's flush (at `flushed_at`, ticks plus one;
+    /// 0 if never flushed) to its first verdict. The clock is read once per
+    /// run of first verdicts of keys flushed together, until the next flush
+    /// or answer: a scheduler's step asks for them one after the other, and
+    /// one read times them all (early by at most the step's own lookup time).
+    #[inline(always)]
     fn record_verdict_time(&mut self, flushed_at: u64, now: &mut LazyNow) {
         if flushed_at == 0 {
             return;
         }
-        let waited = match self.verdict_run {
-            Some((run_flushed_at, waited)) if run_flushed_at == flushed_at => waited,
-            _ => {
-                let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
-                self.verdict_run = Some((flushed_at, waited));
-                waited
-            }
+        if self.verdict_run.flushed_at == flushed_at {
+            self.verdict_run.held += 1;
+        } else {
+            self.start_verdict_run(flushed_at, now);
+        }
+    }
+
+    /// Starts a run of first verdicts of keys flushed at `flushed_at` (ticks
+    /// plus one), reading the clock; the previous run's samples are recorded.
+    #[inline(never)]
+    fn start_verdict_run(&mut self, flushed_at: u64, now: &mut LazyNow) {
+        self.settle_verdict_run();
+        let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
+        self.verdict_run = VerdictRun {
+            flushed_at,
+            waited_us: (waited / 1_000).clamp(1, TTV_MAX_US),
+            held: 1,
         };
-        self.time_to_verdict.record(Duration::from_nanos(waited));
+    }
+
+    /// Records the samples of the run of first verdicts held back so far.
+    fn settle_verdict_run(&mut self) {
+        let run = &mut self.verdict_run;
+        if run.held > 0 {
+            self.time_to_verdict
+                .raw_mut()
+                .saturating_record_n(run.waited_us, run.held);
+            run.held = 0;
+        }
+    }
+
+    /// Records the run of first verdicts and ends it: the next first
+    /// verdict reads the clock again.
+    fn end_verdict_run(&mut self) {
+        self.settle_verdict_run();
+        self.verdict_run = VerdictRun::default();
     }
 
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
@@ -602,12 +674,15 @@ impl Ledger {
                     self.renumber_requests();
                 }
                 let serial = self.next_serial;
-                let slot = self.request_slab.insert(RequestEntry {
-                    serial,
-                    created: Vec::new(),
-                    shared: SharedRefs::default(),
-                    queued_group: None,
-                })?;
+                let slot = self.request_slab.insert(
+                    RequestEntry {
+                        serial,
+                        created: Vec::new(),
+                        shared: SharedRefs::default(),
+                        queued_group: None,
+                    },
+                    (),
+                )?;
                 self.next_serial += 1;
                 self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
                 (slot, serial)
@@ -625,7 +700,7 @@ impl Ledger {
     fn renumber_requests(&mut self) {
         let mut renumbered: HashMap<u32, u32> = HashMap::new();
         let mut next = 0u32;
-        for entry in self.request_slab.iter_mut() {
+        for (entry, ()) in self.request_slab.iter_mut() {
             renumbered.insert(entry.serial, next);
             entry.serial = next;
             next = next.saturating_add(1);
@@ -655,9 +730,9 @@ impl Ledger {
     /// gets the new keys added to it (up to `max_keys_per_call`), so a
     /// backlog coalesces instead of growing a call per step.
     pub fn flush(&mut self, now: Instant) {
+        self.end_verdict_run();
         self.time_to_verdict.settle();
         self.call_latency.settle();
-        self.verdict_run = None;
         if self.batch.is_empty() {
             return;
         }
@@ -670,11 +745,7 @@ impl Ledger {
             // Queue the run's keys still waiting for this flush (a key may
             // have been cleaned up, forced to miss or re-probed since).
             let mut probes = run.probes;
-            let (keys, queued_keys, deadlines) = (
-                &mut self.keys,
-                &mut self.queued_keys,
-                &mut self.queue_deadlines,
-            );
+            let (keys, queued_keys) = (&mut self.keys, &mut self.queued_keys);
             probes.retain(|&probe| {
                 let Some((state, cold)) = keys.probe_both(probe) else {
                     return false;
@@ -685,7 +756,6 @@ impl Ledger {
                 state.phase = Phase::Queued;
                 cold.time = flushed_at;
                 *queued_keys += 1;
-                deadlines.push_back((queue_deadline, probe));
                 true
             });
             if probes.is_empty() {
@@ -708,7 +778,11 @@ impl Ledger {
                 .filter(|g| g.request == run.request)
             {
                 let take = max.saturating_sub(group.probes.len()).min(probes.len());
-                group.probes.extend(probes.drain(..take));
+                if take > 0 {
+                    group.probes.extend(probes.drain(..take));
+                    self.queue_deadlines
+                        .push_back((queue_deadline, flushed_at, group.seq));
+                }
             }
             // The rest in new groups of at most `max_keys_per_call` keys; the
             // first reuses the run's vector.
@@ -722,6 +796,8 @@ impl Ledger {
                 let seq = self.next_group_seq;
                 self.next_group_seq += 1;
                 last_seq = Some(seq);
+                self.queue_deadlines
+                    .push_back((queue_deadline, flushed_at, seq));
                 self.ready.push_back(Group {
                     seq,
                     step,
@@ -771,24 +847,47 @@ impl Ledger {
             }
             self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
 
-            // Keys still queued move to in flight; the call's key list is
-            // then built in place, one copy per key.
+            // Keys still queued move to in flight, and their keys are copied
+            // into the call's list in the same pass: one copy per key, no
+            // intermediate vector.
             let mut probes = group.probes;
-            let table = &mut self.keys;
-            probes.retain(|&probe| {
-                table.probe_mut(probe).is_some_and(|state| {
-                    let queued = state.phase == Phase::Queued;
-                    if queued {
-                        state.phase = Phase::InFlight;
-                    }
-                    queued
-                })
-            });
-            if probes.is_empty() {
+            let n = probes.len();
+            let mut buf: Arc<[MaybeUninit<OffloadKey>]> = Arc::new_uninit_slice(n);
+            let Some(dst) = Arc::get_mut(&mut buf) else {
+                unreachable!("a new Arc has no other reference");
+            };
+            let mut kept = 0;
+            for i in 0..n {
+                let probe = probes[i];
+                if let Some(state) = self.keys.probe_mut(probe)
+                    && state.phase == Phase::Queued
+                {
+                    state.phase = Phase::InFlight;
+                    dst[kept].write(state.key.clone());
+                    probes[kept] = probe;
+                    kept += 1;
+                }
+            }
+            probes.truncate(kept);
+            if kept == 0 {
                 // Every key was cleaned up or forced to miss while waiting.
                 self.finish_group(group.step);
                 continue;
             }
+            let keys: Arc<[OffloadKey]> = if kept == n {
+                // SAFETY: the loop wrote all `n` values.
+                unsafe { buf.assume_init() }
+            } else {
+                // Some keys left while queued (rare): move the `kept`
+                // written values into a list of their own; `buf` then drops
+                // without dropping them (`MaybeUninit` never drops its value).
+                dst[..kept]
+                    .iter()
+                    // SAFETY: the loop wrote values `0..kept`, and each is
+                    // read (moved out) exactly once.
+                    .map(|key| unsafe { key.assume_init_read() })
+                    .collect()
+            };
             if let Some(step) = self.steps.get_mut(&group.step)
                 && !step.started
             {
@@ -797,17 +896,6 @@ impl Ledger {
             }
             let id = CallId(self.next_call);
             self.next_call += 1;
-            let table = &self.keys;
-            let keys: Arc<[OffloadKey]> = probes
-                .iter()
-                // `retain` just checked every entry: the empty key (which
-                // no lookup accepts) is never used, and needs no panic.
-                .map(|&(slot, _)| {
-                    table
-                        .get(slot)
-                        .map_or_else(|| OffloadKey::new(&[]), |state| state.key.clone())
-                })
-                .collect();
             let deadline = now + self.call_timeout;
             self.running.insert(
                 id,
@@ -847,7 +935,7 @@ impl Ledger {
             self.counters.late_answers_dropped += 1;
             return;
         };
-        self.verdict_run = None;
+        self.end_verdict_run();
         self.counters.calls_finished += 1;
         self.finish_group(call.step);
         self.call_latency.record(elapsed);
@@ -862,6 +950,7 @@ impl Ledger {
                     };
                     self.resolve(probe, phase, 0);
                 }
+                self.batch.recycle(call.probes);
                 return;
             }
             CallOutcome::Answered(found) => {
@@ -914,6 +1003,7 @@ impl Ledger {
                 }
             }
         }
+        self.batch.recycle(call.probes);
     }
 
     /// Applies one key's result (`retry_at` for phase `Failed`); returns
@@ -965,21 +1055,35 @@ impl Ledger {
         // Keys flushed a whole call timeout ago and still waiting for a call.
         let now_ticks = ticks(self.epoch, now);
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        while let Some(&(deadline, probe)) = self.queue_deadlines.front() {
-            let still_queued = self
-                .keys
-                .get(probe.0)
-                .is_some_and(|s| s.generation == probe.1 && s.phase == Phase::Queued);
-            if still_queued && deadline > now_ticks {
+        while let Some(&(deadline, flushed_at, seq)) = self.queue_deadlines.front() {
+            // The group, if it still waits in `ready` (groups there have
+            // consecutive sequence numbers).
+            let front_seq = self.ready.front().map_or(0, |g| g.seq);
+            let group = seq
+                .checked_sub(front_seq)
+                .and_then(|idx| usize::try_from(idx).ok())
+                .and_then(|idx| self.ready.get(idx))
+                .filter(|g| g.seq == seq);
+            if group.is_some() && deadline > now_ticks {
                 break;
             }
-            // Expired, or stale (the key started, resolved or left): either
-            // way the entry goes, which keeps the queue as short as the
-            // keys actually waiting.
+            // Expired, or stale (the group started): either way the entry
+            // goes, which keeps the queue as short as the groups waiting.
             self.queue_deadlines.pop_front();
-            if still_queued {
-                self.keys.set_failed(probe.0, retry_at);
-                self.counters.timeouts += 1;
+            let Some(group) = group else {
+                continue;
+            };
+            for &probe in &group.probes {
+                // Still queued since this flush (a key queued by a later
+                // flush, topping up the group, has an entry of its own).
+                let expired = self
+                    .keys
+                    .probe_both(probe)
+                    .is_some_and(|(s, c)| s.phase == Phase::Queued && c.time == flushed_at);
+                if expired {
+                    self.keys.set_failed(probe.0, retry_at);
+                    self.counters.timeouts += 1;
+                }
             }
         }
         if self.queue_deadlines.capacity() > 4 * self.queue_deadlines.len().max(1024) {
@@ -1053,11 +1157,18 @@ impl Ledger {
                 }
             }
         };
-        for slot in entry.created {
+        for &slot in &entry.created {
             release(&mut self.keys, slot);
         }
-        for slot in entry.shared.slots {
+        for &slot in &entry.shared.slots {
             release(&mut self.keys, slot);
+        }
+        for list in [entry.created, entry.shared.slots] {
+            if list.capacity() == RUN_CAPACITY && self.spare_lists.len() < SPARE_LISTS {
+                let mut list = list;
+                list.clear();
+                self.spare_lists.push(list);
+            }
         }
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
@@ -1081,6 +1192,7 @@ impl Ledger {
             );
         }
         // Shutdown: every held-back time-to-verdict sample is recorded now.
+        self.end_verdict_run();
         self.time_to_verdict.settle();
         self.call_latency.settle();
     }
@@ -1150,7 +1262,15 @@ impl Ledger {
             queued_keys: self.queued_keys + self.batch.len,
             tracked_requests: self.requests.len(),
             tier_call_latency: self.call_latency.summary(),
-            time_to_verdict: self.time_to_verdict.summary(),
+            time_to_verdict: if self.verdict_run.held > 0 {
+                // With the run of first verdicts held back.
+                let mut ttv = self.time_to_verdict.clone();
+                let run = &self.verdict_run;
+                ttv.raw_mut().saturating_record_n(run.waited_us, run.held);
+                ttv.summary()
+            } else {
+                self.time_to_verdict.summary()
+            },
             first_error: c.first_error.clone(),
         }
     }
@@ -1263,13 +1383,7 @@ mod tests {
         }
         let refs: Vec<u32> = keys
             .iter()
-            .map(|k| {
-                l.keys
-                    .cold
-                    .get(l.keys.find(k).unwrap() as usize)
-                    .unwrap()
-                    .refs
-            })
+            .map(|k| l.keys.cold(l.keys.find(k).unwrap()).unwrap().refs)
             .collect();
         assert!(refs.iter().all(|&r| (2..=3).contains(&r)), "{refs:?}");
         l.cleanup("b");
@@ -1280,6 +1394,51 @@ mod tests {
         );
         l.cleanup("a");
         assert!(l.is_empty(), "{:?}", l.stats());
+    }
+
+    #[test]
+    fn keys_topping_up_a_queued_group_time_out_at_their_own_deadline() {
+        let cfg = ManagerConfig {
+            call_timeout_ms: 100,
+            max_calls_in_flight: 1,
+            ..ManagerConfig::named("test")
+        };
+        let mut l = Ledger::new(&cfg);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+        let key = |i: u8| OffloadKey::new(&[i; 36]);
+        // a's call takes the only slot; b's first key waits in a group.
+        l.lookup(&key(1), &a, &mut LazyNow::at(t0)).unwrap();
+        l.flush(t0);
+        let running = l.next_call(t0).expect("a call for a");
+        l.lookup(&key(2), &b, &mut LazyNow::at(t0)).unwrap();
+        l.flush(t0);
+        assert!(l.next_call(t0).is_none(), "the only call slot is taken");
+        // 60 ms later b's second key tops up the same waiting group.
+        l.lookup(&key(3), &b, &mut LazyNow::at(t0 + ms(60)))
+            .unwrap();
+        l.flush(t0 + ms(60));
+        // a's call answers at 50 ms: keep its key out of the way.
+        l.complete(
+            running.id,
+            CallOutcome::Answered(vec![true]),
+            ms(1),
+            t0 + ms(50),
+        );
+        let verdict = |l: &mut Ledger, i: u8, at: Duration| {
+            l.lookup(&key(i), &b, &mut LazyNow::at(t0 + at)).unwrap()
+        };
+        // At 100 ms only the key flushed at 0 has waited a whole timeout.
+        l.expire(t0 + ms(100));
+        assert_eq!(l.stats().timeouts, 1);
+        assert_eq!(verdict(&mut l, 2, ms(100)), LookupVerdict::Miss);
+        assert_eq!(verdict(&mut l, 3, ms(100)), LookupVerdict::Pending);
+        l.expire(t0 + ms(159));
+        assert_eq!(l.stats().timeouts, 1);
+        l.expire(t0 + ms(160));
+        assert_eq!(l.stats().timeouts, 2);
+        assert_eq!(verdict(&mut l, 3, ms(160)), LookupVerdict::Miss);
     }
 
     #[test]

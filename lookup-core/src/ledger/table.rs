@@ -4,7 +4,7 @@
 use hashbrown::HashTable;
 
 use super::FastMap;
-use super::slab::{SegVec, Slab, Slot};
+use super::slab::{Slab, Slot};
 use crate::key::OffloadKey;
 
 /// One probe of one key: its slot and the generation it was submitted under.
@@ -47,7 +47,7 @@ pub(super) struct KeyEntry {
 }
 
 /// The cold part of a tracked key, at the same slot as its [`KeyEntry`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) struct KeyCold {
     /// Requests holding a reference. Zero only while a probe runs (the key
     /// is retained for its answer, then forgotten).
@@ -77,9 +77,8 @@ impl KeyCold {
 #[derive(Debug, Default)]
 pub(super) struct KeyTable {
     index: HashTable<Slot>,
-    slab: Slab<KeyEntry>,
-    /// The cold part of the entry at the same index of `slab`.
-    pub(super) cold: SegVec<KeyCold>,
+    /// Each entry's hot part, with its cold part in a parallel array.
+    slab: Slab<KeyEntry, KeyCold>,
     /// The flush time of keys that failed before their first verdict was
     /// returned (their `KeyCold::time` holds the retry time): rare, so kept
     /// apart rather than in every entry.
@@ -104,12 +103,16 @@ impl KeyTable {
         Some((slot, found?))
     }
 
-    /// Adds an entry for a key not in the table; `None` if the slab is full.
+    /// Adds the entry `make` builds (in place) for a key not in the table,
+    /// whose prehash is `hash`; `None` if the slab is full.
     #[inline]
-    pub(super) fn insert(&mut self, entry: KeyEntry, cold: KeyCold) -> Option<Slot> {
-        let hash = entry.key.prehash();
-        let slot = self.slab.insert(entry)?;
-        self.cold.set(slot as usize, cold);
+    pub(super) fn insert(
+        &mut self,
+        hash: u64,
+        cold: KeyCold,
+        make: impl FnOnce() -> KeyEntry,
+    ) -> Option<Slot> {
+        let slot = self.slab.insert_with(cold, make)?;
         let slab = &self.slab;
         self.index.insert_unique(hash, slot, |&s| {
             slab.get(s).map_or(0, |entry| entry.key.prehash())
@@ -128,29 +131,22 @@ impl KeyTable {
         self.slab.remove(slot);
         if self.slab.len == 0 {
             // The slab started again from index 0.
-            self.cold.clear();
             self.failed_flushed_at.clear();
         } else if !self.failed_flushed_at.is_empty() {
             self.failed_flushed_at.remove(&slot);
         }
     }
 
-    #[inline]
-    pub(super) fn get(&self, slot: Slot) -> Option<&KeyEntry> {
-        self.slab.get(slot)
-    }
-
-    #[inline]
-    pub(super) fn get_mut(&mut self, slot: Slot) -> Option<&mut KeyEntry> {
-        self.slab.get_mut(slot)
-    }
-
     /// Both parts of the entry at `slot`.
     #[inline]
     pub(super) fn get_both(&mut self, slot: Slot) -> Option<(&mut KeyEntry, &mut KeyCold)> {
-        let entry = self.slab.get_mut(slot)?;
-        let cold = self.cold.get_mut(slot as usize)?;
-        Some((entry, cold))
+        self.slab.get_both(slot)
+    }
+
+    /// The cold part of the entry at `slot`.
+    #[cfg(test)]
+    pub(super) fn cold(&self, slot: Slot) -> Option<&KeyCold> {
+        self.slab.cold(slot)
     }
 
     /// The entry at `slot` if it still holds probe `generation` (generations
@@ -174,8 +170,7 @@ impl KeyTable {
     /// is still to be returned.
     #[inline]
     pub(super) fn set_failed(&mut self, slot: Slot, retry_at: u64) {
-        let (Some(state), Some(cold)) = (self.slab.get_mut(slot), self.cold.get_mut(slot as usize))
-        else {
+        let Some((state, cold)) = self.slab.get_both(slot) else {
             return;
         };
         state.phase = Phase::Failed;
@@ -189,10 +184,8 @@ impl KeyTable {
     /// Forgets every entry's request marks (after request serials were
     /// renumbered): the next ask of each key checks membership again.
     pub(super) fn forget_request_marks(&mut self) {
-        for entry in self.slab.iter_mut() {
+        for (entry, cold) in self.slab.iter_mut() {
             entry.last_req = NO_REQUEST;
-        }
-        for cold in self.cold.iter_mut() {
             cold.creator = NO_REQUEST;
         }
     }
