@@ -11,42 +11,115 @@ use serde_json::{Map, Value};
 
 use kvtier_core::OffloadKey;
 
+/// The bytes of a key object, borrowed: `bytes` (or a subclass) only,
+/// `None` for anything else.
+///
+/// The exact type is compared by address first (a subclass check is a call
+/// into the interpreter under the limited API), and one call reads both
+/// the buffer and the length.
+///
+/// # Safety
+/// `obj` is a valid object and the GIL is held. The slice lives as long as
+/// the object does (`bytes` is immutable): the caller keeps `obj` alive,
+/// and does not release the GIL, while it uses the slice, unless `obj` is
+/// owned by something that outlives the use.
+#[inline]
+pub(crate) unsafe fn key_bytes<'a>(obj: *mut ffi::PyObject) -> Option<&'a [u8]> {
+    // SAFETY: see the function's contract.
+    unsafe {
+        let exact = ffi::Py_TYPE(obj) == std::ptr::addr_of_mut!(ffi::PyBytes_Type);
+        if !exact && ffi::PyBytes_Check(obj) == 0 {
+            return None;
+        }
+        let mut data: *mut std::ffi::c_char = std::ptr::null_mut();
+        let mut len: ffi::Py_ssize_t = 0;
+        // Cannot fail for a bytes object when the length is asked for.
+        if ffi::PyBytes_AsStringAndSize(obj, &mut data, &mut len) != 0 || data.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(std::slice::from_raw_parts(
+            data.cast::<u8>(),
+            usize::try_from(len).unwrap_or(0),
+        ))
+    }
+}
+
+/// The `TypeError` of a key that is not `bytes`.
+#[cold]
+pub(crate) fn not_bytes(obj: &Bound<'_, PyAny>) -> PyErr {
+    PyTypeError::new_err(format!("a key must be bytes, not {}", type_name(obj)))
+}
+
 /// A key from a Python object: `bytes` only (`TypeError` otherwise). The
 /// length is checked by the manager (`ValueError`).
 #[inline]
 pub(crate) fn key(obj: &Bound<'_, PyAny>) -> PyResult<OffloadKey> {
-    match obj.downcast::<PyBytes>() {
-        Ok(bytes) => Ok(OffloadKey::new(bytes.as_bytes())),
-        Err(_) => Err(PyTypeError::new_err(format!(
-            "a key must be bytes, not {}",
-            type_name(obj)
-        ))),
+    // SAFETY: `obj` is alive and the GIL held while the slice is read.
+    match unsafe { key_bytes(obj.as_ptr()) } {
+        Some(bytes) => Ok(OffloadKey::new(bytes)),
+        None => Err(not_bytes(obj)),
     }
 }
 
-/// Keys from a list, a tuple or any iterable of `bytes`.
-pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
-    if let Ok(list) = obj.downcast::<PyList>() {
-        let py = obj.py();
-        let len = list.len();
-        let mut out = Vec::with_capacity(len);
+/// Runs `f` with the bytes of every key of `obj` (a list, a tuple or any
+/// iterable of `bytes`), borrowed; `TypeError` before `f` runs if one is
+/// not `bytes`.
+///
+/// `f` must neither release the GIL nor run Python code while it reads the
+/// slices: the items of a list are borrowed, and another thread could drop
+/// them from the list. (Copy them into [`OffloadKey`]s first.)
+#[inline]
+pub(crate) fn with_key_bytes<R>(
+    obj: &Bound<'_, PyAny>,
+    f: impl FnOnce(&[&[u8]]) -> R,
+) -> PyResult<R> {
+    let py = obj.py();
+    let ptr = obj.as_ptr();
+    // SAFETY: `ptr` is a live object; type checks only (the exact types
+    // by address: a subclass check is a call under the limited API).
+    let (is_list, is_tuple) = unsafe {
+        let ty = ffi::Py_TYPE(ptr);
+        let is_list = ty == std::ptr::addr_of_mut!(ffi::PyList_Type) || ffi::PyList_Check(ptr) != 0;
+        let is_tuple = !is_list
+            && (ty == std::ptr::addr_of_mut!(ffi::PyTuple_Type) || ffi::PyTuple_Check(ptr) != 0);
+        (is_list, is_tuple)
+    };
+    if is_list || is_tuple {
+        // SAFETY: `ptr` is a list or a tuple.
+        let len = unsafe {
+            if is_list {
+                ffi::PyList_Size(ptr)
+            } else {
+                ffi::PyTuple_Size(ptr)
+            }
+        };
+        let len = usize::try_from(len).map_err(|_| PyErr::fetch(py))?;
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(len);
         for index in 0..len {
             // Borrowed items (no reference count traffic per key): nothing
-            // in this loop runs Python code, so the list cannot change
-            // under it; a failed conversion returns at once.
-            // SAFETY: `list` is a list and `index` is within its length.
-            let item = unsafe { ffi::PyList_GetItem(list.as_ptr(), index as ffi::Py_ssize_t) };
+            // here or in `f` runs Python code, so the sequence cannot
+            // change; a failed conversion returns at once.
+            // SAFETY: `ptr` is a list or tuple and `index` is within its length.
+            let item = unsafe {
+                if is_list {
+                    ffi::PyList_GetItem(ptr, index as ffi::Py_ssize_t)
+                } else {
+                    ffi::PyTuple_GetItem(ptr, index as ffi::Py_ssize_t)
+                }
+            };
             if item.is_null() {
                 return Err(PyErr::fetch(py));
             }
-            // SAFETY: a non-null item of a list we hold is a valid object.
-            let item = unsafe { Borrowed::from_ptr(py, item) };
-            out.push(key(&item)?);
+            // SAFETY: a non-null item of a sequence we hold is a valid
+            // object; it outlives `f` (see above).
+            match unsafe { key_bytes(item) } {
+                Some(bytes) => slices.push(bytes),
+                // SAFETY: as above.
+                None => return Err(not_bytes(&*unsafe { Borrowed::from_ptr(py, item) })),
+            }
         }
-        return Ok(out);
-    }
-    if let Ok(tuple) = obj.downcast::<PyTuple>() {
-        return tuple.iter().map(|item| key(&item)).collect();
+        return Ok(f(&slices));
     }
     if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
         return Err(PyTypeError::new_err(
@@ -59,11 +132,30 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
             type_name(obj)
         ))
     })?;
-    let mut out = Vec::new();
+    // Owned items: iterating runs Python code. The slices are taken once
+    // the iteration is over.
+    let mut items = Vec::new();
     for item in iter {
-        out.push(key(&item?)?);
+        let item = item?;
+        // SAFETY: `item` is alive; type check only.
+        if unsafe { key_bytes(item.as_ptr()) }.is_none() {
+            return Err(not_bytes(&item));
+        }
+        items.push(item);
     }
-    Ok(out)
+    let slices: Vec<&[u8]> = items
+        .iter()
+        // SAFETY: each item is `bytes` (checked) and held by `items`.
+        .filter_map(|item| unsafe { key_bytes(item.as_ptr()) })
+        .collect();
+    Ok(f(&slices))
+}
+
+/// Keys from a list, a tuple or any iterable of `bytes`.
+pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
+    with_key_bytes(obj, |slices| {
+        slices.iter().map(|bytes| OffloadKey::new(bytes)).collect()
+    })
 }
 
 /// The request id of a `req_context`: any object with a `req_id: str`.

@@ -5,12 +5,13 @@
 //! PyO3 then unpacks, and the per-call cost of `lookup` is mostly that.
 //! METH_FASTCALL (the vectorcall convention: arguments as an array) is part
 //! of the stable ABI from CPython 3.10. So when the running interpreter is
-//! 3.10 or newer (checked at import), [`install`] replaces `lookup` and
-//! `lookup_many` on the `_Manager` class by method descriptors of the same
-//! names whose C functions take the arguments as an array; on 3.9 the PyO3
-//! methods stay. Both run the same code ([`PyManager::lookup_impl`] and
-//! [`PyManager::lookup_many_impl`]), accept the same positional and keyword
-//! arguments, and raise the same exceptions.
+//! 3.10 or newer (checked at import), [`install`] replaces `lookup`,
+//! `lookup_many` and `lookup_prefix` on the `_Manager` class by method
+//! descriptors of the same names whose C functions take the arguments as an
+//! array; on 3.9 the PyO3 methods stay. Both run the same code
+//! ([`PyManager::lookup_impl`], [`PyManager::lookup_many_impl`] and
+//! [`PyManager::lookup_prefix_impl`]), accept the same positional and
+//! keyword arguments, and raise the same exceptions.
 
 use std::ffi::{CStr, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -43,7 +44,7 @@ struct Method {
     func: FastWithKeywords,
 }
 
-const METHODS: [Method; 2] = [
+const METHODS: [Method; 3] = [
     Method {
         name: c"lookup",
         params: ["key", "req_context"],
@@ -55,6 +56,12 @@ const METHODS: [Method; 2] = [
         params: ["keys", "req_context"],
         doc: c"lookup_many($self, keys, req_context)\n--\n\nOne answer per key, as `lookup` would give.",
         func: lookup_many,
+    },
+    Method {
+        name: c"lookup_prefix",
+        params: ["keys", "req_context"],
+        doc: c"lookup_prefix($self, keys, req_context)\n--\n\nHow many leading keys exist, or `None` while one before the first\nmiss is pending.",
+        func: lookup_prefix,
     },
 ];
 
@@ -246,6 +253,29 @@ unsafe extern "C" fn lookup_many(
             nargs,
             kwnames,
             |py, m, [keys, ctx]| m.lookup_many_impl(py, &keys, &ctx).map(Bound::into_any),
+        )
+    }
+}
+
+unsafe extern "C" fn lookup_prefix(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: as for `lookup`.
+    unsafe {
+        call(
+            &METHODS[2],
+            slf,
+            args,
+            nargs,
+            kwnames,
+            |py, m, [keys, ctx]| {
+                Ok(m.lookup_prefix_impl(py, &keys, &ctx)?
+                    .into_pyobject(py)?
+                    .into_any())
+            },
         )
     }
 }

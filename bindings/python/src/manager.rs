@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
 
 use kvtier_core::{
     AsyncLookupManager, BlockStore, DynLookupManager, LookupError, LookupVerdict, ManagerConfig,
@@ -116,6 +117,26 @@ impl Inner {
         }
     }
 
+    /// Runs `f` with the manager and the context of `ctx` when `ctx` is an
+    /// object seen before (compared by identity: no attribute read) and
+    /// the core's lock is free: the whole call then holds the GIL, and
+    /// `f` may use Python objects. Otherwise hands `f` back untouched; the
+    /// caller then goes through [`with_ctx`](Self::with_ctx).
+    #[inline]
+    fn try_known_ctx<R, F>(&self, ctx: &Bound<'_, PyAny>, f: F) -> Result<R, F>
+    where
+        F: FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R,
+    {
+        let ptr = ctx.as_ptr() as usize;
+        if let Ok(mut guard) = self.core.try_lock() {
+            let core = &mut *guard;
+            if let Some((_, rc)) = core.contexts.get(&ptr) {
+                return Ok(f(core.manager.as_mut(), rc));
+            }
+        }
+        Err(f)
+    }
+
     /// Converts and checks `ctx`, then runs `f` with the manager and the context.
     #[inline]
     fn with_ctx<R: Send>(
@@ -124,14 +145,22 @@ impl Inner {
         ctx: &Bound<'_, PyAny>,
         f: impl FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R + Send,
     ) -> PyResult<R> {
-        let ptr = ctx.as_ptr() as usize;
-        // Fast path: an object seen before.
-        if let Ok(mut guard) = self.core.try_lock() {
-            let core = &mut *guard;
-            if let Some((_, rc)) = core.contexts.get(&ptr) {
-                return Ok(f(core.manager.as_mut(), rc));
-            }
+        match self.try_known_ctx(ctx, f) {
+            Ok(result) => Ok(result),
+            Err(f) => self.with_new_ctx(py, ctx, f),
         }
+    }
+
+    /// The slow half of [`with_ctx`](Self::with_ctx): reads `req_id`,
+    /// remembers the object, and waits for the lock without the GIL.
+    #[inline(never)]
+    fn with_new_ctx<R: Send>(
+        &self,
+        py: Python<'_>,
+        ctx: &Bound<'_, PyAny>,
+        f: impl FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R + Send,
+    ) -> PyResult<R> {
+        let ptr = ctx.as_ptr() as usize;
         let req_id: Arc<str> = Arc::from(convert::req_id(ctx)?);
         if let Some(calls) = &self.py_calls {
             calls.remember(&req_id, ctx);
@@ -166,13 +195,48 @@ pub(crate) fn lookup_err(e: LookupError) -> PyErr {
     }
 }
 
+/// The singleton `True`, `False` or `None` of a verdict, borrowed.
+#[inline(always)]
+fn verdict_ptr(v: LookupVerdict) -> *mut ffi::PyObject {
+    // SAFETY: the addresses of the interpreter's singletons.
+    unsafe {
+        match v {
+            LookupVerdict::Hit => ffi::Py_True(),
+            LookupVerdict::Miss => ffi::Py_False(),
+            LookupVerdict::Pending => ffi::Py_None(),
+        }
+    }
+}
+
 /// The singleton `True`, `False` or `None` of a verdict.
 #[inline]
 fn verdict(py: Python<'_>, v: LookupVerdict) -> Bound<'_, PyAny> {
-    match v {
-        LookupVerdict::Hit => PyBool::new(py, true).to_owned().into_any(),
-        LookupVerdict::Miss => PyBool::new(py, false).to_owned().into_any(),
-        LookupVerdict::Pending => py.None().into_bound(py),
+    // SAFETY: a singleton lives forever; the new reference is owned.
+    unsafe { Bound::from_borrowed_ptr(py, verdict_ptr(v)) }
+}
+
+/// A new list of `len` items, all unset (null) until [`set_verdict`]
+/// fills them; a list dropped half-filled is fine (null items are skipped).
+#[inline]
+fn new_list(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyList>> {
+    // SAFETY: PyList_New returns a new reference or null with an error set.
+    unsafe {
+        Ok(
+            Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?
+                .downcast_into_unchecked::<PyList>(),
+        )
+    }
+}
+
+/// Sets item `index` (within the length, not yet set) of `list` to `v`.
+#[inline(always)]
+fn set_verdict(list: &Bound<'_, PyList>, index: usize, v: LookupVerdict) {
+    let obj = verdict_ptr(v);
+    // SAFETY: `list` is a list made by `new_list` and `index` is in range
+    // (PyList_SetItem cannot fail then); it steals the new reference.
+    unsafe {
+        ffi::Py_INCREF(obj);
+        ffi::PyList_SetItem(list.as_ptr(), index as ffi::Py_ssize_t, obj);
     }
 }
 
@@ -348,16 +412,7 @@ impl PyManager {
         keys: &Bound<'_, PyAny>,
         req_context: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
-        let inner = self.inner()?;
-        let keys = convert::keys(keys)?;
-        inner.before_lookup(py);
-        let v = inner
-            .with_ctx(py, req_context, |m, ctx| m.lookup_prefix(&keys, ctx))?
-            .map_err(lookup_err)?;
-        Ok(match v {
-            PrefixVerdict::Ready(n) => Some(n),
-            PrefixVerdict::Pending => None,
-        })
+        self.lookup_prefix_impl(py, keys, req_context)
     }
 
     /// Hands this step's new keys to the worker (once per step).
@@ -479,15 +534,31 @@ impl PyManager {
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner()?;
-        let key = convert::key(key)?;
+        // SAFETY: `key` is held by the caller for the whole call, and
+        // `bytes` is immutable: the slice stays valid even while the GIL
+        // is released (before_lookup, with_ctx).
+        let Some(bytes) = (unsafe { convert::key_bytes(key.as_ptr()) }) else {
+            return Err(convert::not_bytes(key));
+        };
         inner.before_lookup(py);
-        let v = inner
-            .with_ctx(py, req_context, |m, ctx| m.lookup(&key, ctx))?
-            .map_err(lookup_err)?;
+        let v = match inner
+            .try_known_ctx(req_context, |m, ctx| m.lookup(&OffloadKey::new(bytes), ctx))
+        {
+            Ok(v) => v,
+            Err(_) => {
+                let key = OffloadKey::new(bytes);
+                inner.with_new_ctx(py, req_context, move |m, ctx| m.lookup(&key, ctx))?
+            }
+        }
+        .map_err(lookup_err)?;
         Ok(verdict(py, v))
     }
 
     /// `lookup_many`, shared like [`lookup_impl`](Self::lookup_impl).
+    ///
+    /// With a known context and a free lock, one pass under the lock turns
+    /// each key's bytes into a key, looks it up, and stores the singleton
+    /// answer straight into a list made at its final length.
     #[inline]
     pub(crate) fn lookup_many_impl<'py>(
         &self,
@@ -496,16 +567,69 @@ impl PyManager {
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let inner = self.inner()?;
-        let keys = convert::keys(keys)?;
+        // Before the keys are borrowed: it may release the GIL.
         inner.before_lookup(py);
+        // Nothing in this closure releases the GIL or runs Python code.
+        let fast = convert::with_key_bytes(keys, |slices| {
+            let list = match new_list(py, slices.len()) {
+                Ok(list) => list,
+                Err(e) => return Ok(Err(e)),
+            };
+            let done = inner.try_known_ctx(req_context, |m, ctx| {
+                for (index, bytes) in slices.iter().enumerate() {
+                    let v = m.lookup(&OffloadKey::new(bytes), ctx)?;
+                    set_verdict(&list, index, v);
+                }
+                Ok(())
+            });
+            match done {
+                Ok(Ok(())) => Ok(Ok(list)),
+                Ok(Err(e)) => Ok(Err(lookup_err(e))),
+                // Copied out before the slow path may release the GIL.
+                Err(_) => Err(slices
+                    .iter()
+                    .map(|bytes| OffloadKey::new(bytes))
+                    .collect::<Vec<_>>()),
+            }
+        })?;
+        let keys = match fast {
+            Ok(done) => return done,
+            Err(keys) => keys,
+        };
         let verdicts = inner
-            .with_ctx(py, req_context, |m, ctx| {
-                keys.iter()
-                    .map(|k| m.lookup(k, ctx))
-                    .collect::<Result<Vec<_>, _>>()
+            .with_new_ctx(py, req_context, move |m, ctx| {
+                let mut out = Vec::with_capacity(keys.len());
+                for key in &keys {
+                    out.push(m.lookup(key, ctx)?);
+                }
+                Ok(out)
             })?
             .map_err(lookup_err)?;
-        PyList::new(py, verdicts.into_iter().map(|v| verdict(py, v)))
+        let list = new_list(py, verdicts.len())?;
+        for (index, v) in verdicts.into_iter().enumerate() {
+            set_verdict(&list, index, v);
+        }
+        Ok(list)
+    }
+
+    /// `lookup_prefix`, shared like [`lookup_impl`](Self::lookup_impl).
+    #[inline]
+    pub(crate) fn lookup_prefix_impl<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        req_context: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let inner = self.inner()?;
+        let keys = convert::keys(keys)?;
+        inner.before_lookup(py);
+        let v = inner
+            .with_ctx(py, req_context, move |m, ctx| m.lookup_prefix(&keys, ctx))?
+            .map_err(lookup_err)?;
+        Ok(match v {
+            PrefixVerdict::Ready(n) => Some(n),
+            PrefixVerdict::Pending => None,
+        })
     }
 
     fn check_open(&self, _py: Python<'_>, inner: &Inner) -> PyResult<()> {
