@@ -11,12 +11,22 @@ use serde_json::{Map, Value};
 
 use kvtier_core::OffloadKey;
 
-/// The bytes of a key object, borrowed: `bytes` (or a subclass) only,
-/// `None` for anything else.
+/// Whether `obj` is `bytes` (or a subclass). The exact type is compared
+/// by address first: a subclass check is a call under the limited API.
 ///
-/// The exact type is compared by address first (a subclass check is a call
-/// into the interpreter under the limited API), and one call reads both
-/// the buffer and the length.
+/// # Safety
+/// `obj` is a valid object and the GIL is held.
+#[inline(always)]
+pub(crate) unsafe fn is_bytes(obj: *mut ffi::PyObject) -> bool {
+    // SAFETY: see the function's contract.
+    unsafe {
+        ffi::Py_TYPE(obj) == std::ptr::addr_of_mut!(ffi::PyBytes_Type)
+            || ffi::PyBytes_Check(obj) != 0
+    }
+}
+
+/// The bytes of a key object, borrowed: `bytes` (or a subclass) only,
+/// `None` for anything else. One call reads both the buffer and the length.
 ///
 /// # Safety
 /// `obj` is a valid object and the GIL is held. The slice lives as long as
@@ -27,8 +37,7 @@ use kvtier_core::OffloadKey;
 pub(crate) unsafe fn key_bytes<'a>(obj: *mut ffi::PyObject) -> Option<&'a [u8]> {
     // SAFETY: see the function's contract.
     unsafe {
-        let exact = ffi::Py_TYPE(obj) == std::ptr::addr_of_mut!(ffi::PyBytes_Type);
-        if !exact && ffi::PyBytes_Check(obj) == 0 {
+        if !is_bytes(obj) {
             return None;
         }
         let mut data: *mut std::ffi::c_char = std::ptr::null_mut();
@@ -62,17 +71,56 @@ pub(crate) fn key(obj: &Bound<'_, PyAny>) -> PyResult<OffloadKey> {
     }
 }
 
-/// Runs `f` with the bytes of every key of `obj` (a list, a tuple or any
+/// A key object known to be `bytes`, borrowed (see [`with_key_objects`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyObj(*mut ffi::PyObject);
+
+impl KeyObj {
+    /// A key object from an object known to be `bytes` (or a subclass).
+    #[inline(always)]
+    pub(crate) fn new_unchecked(obj: *mut ffi::PyObject) -> Self {
+        Self(obj)
+    }
+
+    /// The object.
+    #[inline(always)]
+    pub(crate) fn as_ptr(self) -> *mut ffi::PyObject {
+        self.0
+    }
+
+    /// Its bytes.
+    ///
+    /// # Safety
+    /// As for [`key_bytes`]: the GIL is held and the object alive while
+    /// the slice is used.
+    #[inline]
+    pub(crate) unsafe fn bytes<'a>(self) -> &'a [u8] {
+        // SAFETY: forwarded; the object is `bytes` (checked when made).
+        unsafe { key_bytes(self.0) }.unwrap_or_default()
+    }
+
+    /// Its key.
+    ///
+    /// # Safety
+    /// The GIL is held and the object alive.
+    #[inline]
+    pub(crate) unsafe fn key(self) -> OffloadKey {
+        // SAFETY: forwarded.
+        OffloadKey::new(unsafe { self.bytes() })
+    }
+}
+
+/// Runs `f` with every key object of `obj` (a list, a tuple or any
 /// iterable of `bytes`), borrowed; `TypeError` before `f` runs if one is
 /// not `bytes`.
 ///
-/// `f` must neither release the GIL nor run Python code while it reads the
-/// slices: the items of a list are borrowed, and another thread could drop
-/// them from the list. (Copy them into [`OffloadKey`]s first.)
+/// `f` must neither release the GIL nor run Python code while it uses the
+/// objects: the items of a list are borrowed, and another thread could
+/// drop them from the list. (Copy them into [`OffloadKey`]s first.)
 #[inline]
-pub(crate) fn with_key_bytes<R>(
+pub(crate) fn with_key_objects<R>(
     obj: &Bound<'_, PyAny>,
-    f: impl FnOnce(&[&[u8]]) -> R,
+    f: impl FnOnce(&[KeyObj]) -> R,
 ) -> PyResult<R> {
     let py = obj.py();
     let ptr = obj.as_ptr();
@@ -95,11 +143,11 @@ pub(crate) fn with_key_bytes<R>(
             }
         };
         let len = usize::try_from(len).map_err(|_| PyErr::fetch(py))?;
-        let mut slices: Vec<&[u8]> = Vec::with_capacity(len);
+        let mut objects: Vec<KeyObj> = Vec::with_capacity(len);
         for index in 0..len {
             // Borrowed items (no reference count traffic per key): nothing
             // here or in `f` runs Python code, so the sequence cannot
-            // change; a failed conversion returns at once.
+            // change; a failed check returns at once.
             // SAFETY: `ptr` is a list or tuple and `index` is within its length.
             let item = unsafe {
                 if is_list {
@@ -113,13 +161,13 @@ pub(crate) fn with_key_bytes<R>(
             }
             // SAFETY: a non-null item of a sequence we hold is a valid
             // object; it outlives `f` (see above).
-            match unsafe { key_bytes(item) } {
-                Some(bytes) => slices.push(bytes),
+            if !unsafe { is_bytes(item) } {
                 // SAFETY: as above.
-                None => return Err(not_bytes(&*unsafe { Borrowed::from_ptr(py, item) })),
+                return Err(not_bytes(&*unsafe { Borrowed::from_ptr(py, item) }));
             }
+            objects.push(KeyObj(item));
         }
-        return Ok(f(&slices));
+        return Ok(f(&objects));
     }
     if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
         return Err(PyTypeError::new_err(
@@ -132,29 +180,26 @@ pub(crate) fn with_key_bytes<R>(
             type_name(obj)
         ))
     })?;
-    // Owned items: iterating runs Python code. The slices are taken once
-    // the iteration is over.
+    // Owned items: iterating runs Python code. `f` runs once the iteration
+    // is over, with the items held here.
     let mut items = Vec::new();
     for item in iter {
         let item = item?;
         // SAFETY: `item` is alive; type check only.
-        if unsafe { key_bytes(item.as_ptr()) }.is_none() {
+        if !unsafe { is_bytes(item.as_ptr()) } {
             return Err(not_bytes(&item));
         }
         items.push(item);
     }
-    let slices: Vec<&[u8]> = items
-        .iter()
-        // SAFETY: each item is `bytes` (checked) and held by `items`.
-        .filter_map(|item| unsafe { key_bytes(item.as_ptr()) })
-        .collect();
-    Ok(f(&slices))
+    let objects: Vec<KeyObj> = items.iter().map(|item| KeyObj(item.as_ptr())).collect();
+    Ok(f(&objects))
 }
 
 /// Keys from a list, a tuple or any iterable of `bytes`.
 pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
-    with_key_bytes(obj, |slices| {
-        slices.iter().map(|bytes| OffloadKey::new(bytes)).collect()
+    // SAFETY: the objects are alive and the GIL held during `f`.
+    with_key_objects(obj, |objects| {
+        objects.iter().map(|k| unsafe { k.key() }).collect()
     })
 }
 

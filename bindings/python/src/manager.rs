@@ -13,8 +13,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyWeakrefReference};
 
 use kvtier_core::{
-    AsyncLookupManager, BlockStore, DynLookupManager, LookupError, LookupVerdict, ManagerConfig,
-    ManagerStats, OffloadKey, PrefixVerdict, ReqContext, ShutdownReport,
+    AsyncLookupManager, BlockStore, DynLookupManager, INLINE_KEY_CAPACITY, LookupError,
+    LookupVerdict, ManagerConfig, ManagerStats, OffloadKey, PrefixVerdict, ReqContext,
+    ShutdownReport,
 };
 use kvtier_disk::{DiskConfig, DiskTier};
 use kvtier_redis::{RedisConfig, RedisTier};
@@ -38,6 +39,98 @@ pub(crate) struct Core {
     /// object is held, so its address cannot be reused while it is here;
     /// `cleanup(req_id)` removes it. A context's `req_id` must not change.
     contexts: HashMap<usize, (Py<PyAny>, ReqContext), BuildHasherDefault<AddressHasher>>,
+    /// Keys built from `bytes` objects, by object address.
+    keys: KeyMemo,
+}
+
+/// Keys built from `bytes` objects, by object identity.
+///
+/// A scheduler asks for a request's keys step after step, mostly with the
+/// same `bytes` objects; building a key hashes its bytes, which costs more
+/// than the rest of a resolved lookup's binding. The memo holds a reference
+/// to each object it keys (so its address cannot be reused while it is
+/// here, and `bytes` is immutable): a hit is one probe by address. Only
+/// exact `bytes` objects of at most [`INLINE_KEY_CAPACITY`] bytes are kept
+/// (their release runs no Python code, and they are small).
+/// Bounded: past [`MAX_MEMO_KEYS`] it starts afresh. Used with the GIL held
+/// only (the lookups' fast path).
+#[derive(Default)]
+pub(crate) struct KeyMemo {
+    map: HashMap<usize, (Py<PyAny>, OffloadKey), BuildHasherDefault<AddressHasher>>,
+    /// The key of the last `bytes` subclass instance looked up.
+    scratch: Option<OffloadKey>,
+}
+
+/// Bounds the key memo: its table then stays within 16,384 buckets (about
+/// 1 MB), and it keeps at most this many small `bytes` objects alive
+/// (about 1 MB more).
+const MAX_MEMO_KEYS: usize = 14_336;
+
+impl KeyMemo {
+    /// The key of the `bytes` object `obj`.
+    ///
+    /// # Safety
+    /// The GIL is held and `obj` is alive.
+    #[inline]
+    pub(crate) unsafe fn key(&mut self, obj: convert::KeyObj) -> &OffloadKey {
+        let ptr = obj.as_ptr();
+        if let Some((_, key)) = self.map.get(&(ptr as usize)) {
+            // SAFETY: a shared borrow of `self.map` for the returned
+            // lifetime; nothing else touches the map meanwhile. (Returning
+            // `key` directly runs into the borrow checker's known limit
+            // with a conditional return followed by a mutation.)
+            return unsafe { &*std::ptr::from_ref(key) };
+        }
+        // SAFETY: forwarded.
+        unsafe { self.insert(obj) }
+    }
+
+    /// `key` for an object not in the memo.
+    ///
+    /// # Safety
+    /// As for `key`.
+    #[inline(never)]
+    unsafe fn insert(&mut self, obj: convert::KeyObj) -> &OffloadKey {
+        let ptr = obj.as_ptr();
+        // SAFETY: the GIL is held and `obj` alive (the contract).
+        let key = unsafe { obj.key() };
+        // SAFETY: as above.
+        if unsafe { ffi::Py_TYPE(ptr) } != std::ptr::addr_of_mut!(ffi::PyBytes_Type)
+            || key.len() > INLINE_KEY_CAPACITY
+        {
+            // A subclass's instance (its release could run Python code),
+            // or a long key (likely invalid, and the memo keeps objects
+            // small): not kept; the scratch slot holds its key for this use.
+            return self.scratch.insert(key);
+        }
+        if self.map.len() >= MAX_MEMO_KEYS {
+            self.clear();
+        }
+        // SAFETY: the GIL is held and `ptr` is alive: a new reference,
+        // owned by the memo.
+        let held = unsafe {
+            ffi::Py_IncRef(ptr);
+            Py::from_owned_ptr(Python::assume_gil_acquired(), ptr)
+        };
+        &self
+            .map
+            .entry(ptr as usize)
+            .insert_entry((held, key))
+            .into_mut()
+            .1
+    }
+
+    /// Releases every object, at once (the GIL is held: see `key`).
+    #[cold]
+    fn clear(&mut self) {
+        for (_, (obj, _)) in self.map.drain() {
+            // SAFETY: the GIL is held; an exact `bytes` object's release
+            // runs no Python code. (A plain drop would defer it: the
+            // METH_FASTCALL entry points do not count the GIL in PyO3's
+            // books.)
+            unsafe { ffi::Py_DecRef(obj.into_ptr()) };
+        }
+    }
 }
 
 /// Bounds the context cache: past this many live objects it starts afresh.
@@ -66,6 +159,7 @@ impl Core {
         Self {
             manager,
             contexts: HashMap::default(),
+            keys: KeyMemo::default(),
         }
     }
 }
@@ -117,42 +211,30 @@ impl Inner {
         }
     }
 
-    /// Runs `f` with the manager and the context of `ctx` when `ctx` is an
-    /// object seen before (compared by identity: no attribute read) and
-    /// the core's lock is free: the whole call then holds the GIL, and
-    /// `f` may use Python objects. Otherwise hands `f` back untouched; the
-    /// caller then goes through [`with_ctx`](Self::with_ctx).
+    /// Runs `f` with the manager, the context of `ctx` and the key memo
+    /// when `ctx` is an object seen before (compared by identity: no
+    /// attribute read) and the core's lock is free: the whole call then
+    /// holds the GIL, and `f` may use Python objects. Otherwise hands `f`
+    /// back untouched; the caller then goes through
+    /// [`with_new_ctx`](Self::with_new_ctx).
     #[inline]
     fn try_known_ctx<R, F>(&self, ctx: &Bound<'_, PyAny>, f: F) -> Result<R, F>
     where
-        F: FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R,
+        F: FnOnce(&mut dyn DynLookupManager, &ReqContext, &mut KeyMemo) -> R,
     {
         let ptr = ctx.as_ptr() as usize;
         if let Ok(mut guard) = self.core.try_lock() {
             let core = &mut *guard;
             if let Some((_, rc)) = core.contexts.get(&ptr) {
-                return Ok(f(core.manager.as_mut(), rc));
+                return Ok(f(core.manager.as_mut(), rc, &mut core.keys));
             }
         }
         Err(f)
     }
 
-    /// Converts and checks `ctx`, then runs `f` with the manager and the context.
-    #[inline]
-    fn with_ctx<R: Send>(
-        &self,
-        py: Python<'_>,
-        ctx: &Bound<'_, PyAny>,
-        f: impl FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R + Send,
-    ) -> PyResult<R> {
-        match self.try_known_ctx(ctx, f) {
-            Ok(result) => Ok(result),
-            Err(f) => self.with_new_ctx(py, ctx, f),
-        }
-    }
-
-    /// The slow half of [`with_ctx`](Self::with_ctx): reads `req_id`,
-    /// remembers the object, and waits for the lock without the GIL.
+    /// The slow half of [`try_known_ctx`](Self::try_known_ctx): reads
+    /// `req_id`, remembers the object, and waits for the lock without the
+    /// GIL. The caller has copied its keys out (the GIL may be released).
     #[inline(never)]
     fn with_new_ctx<R: Send>(
         &self,
@@ -534,19 +616,19 @@ impl PyManager {
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner()?;
-        // SAFETY: `key` is held by the caller for the whole call, and
-        // `bytes` is immutable: the slice stays valid even while the GIL
-        // is released (before_lookup, with_ctx).
-        let Some(bytes) = (unsafe { convert::key_bytes(key.as_ptr()) }) else {
+        // SAFETY: `key` is alive (held by the caller for the whole call).
+        if !unsafe { convert::is_bytes(key.as_ptr()) } {
             return Err(convert::not_bytes(key));
-        };
+        }
         inner.before_lookup(py);
-        let v = match inner
-            .try_known_ctx(req_context, |m, ctx| m.lookup(&OffloadKey::new(bytes), ctx))
-        {
+        let v = match inner.try_known_ctx(req_context, |m, ctx, memo| {
+            // SAFETY: the GIL is held (fast path) and `key` is alive.
+            let key = unsafe { memo.key(convert::KeyObj::new_unchecked(key.as_ptr())) };
+            m.lookup(key, ctx)
+        }) {
             Ok(v) => v,
             Err(_) => {
-                let key = OffloadKey::new(bytes);
+                let key = convert::key(key)?;
                 inner.with_new_ctx(py, req_context, move |m, ctx| m.lookup(&key, ctx))?
             }
         }
@@ -556,9 +638,9 @@ impl PyManager {
 
     /// `lookup_many`, shared like [`lookup_impl`](Self::lookup_impl).
     ///
-    /// With a known context and a free lock, one pass under the lock turns
-    /// each key's bytes into a key, looks it up, and stores the singleton
-    /// answer straight into a list made at its final length.
+    /// With a known context and a free lock, one pass under the lock takes
+    /// each key from the memo (or builds it), looks it up, and stores the
+    /// singleton answer straight into a list made at its final length.
     #[inline]
     pub(crate) fn lookup_many_impl<'py>(
         &self,
@@ -570,14 +652,16 @@ impl PyManager {
         // Before the keys are borrowed: it may release the GIL.
         inner.before_lookup(py);
         // Nothing in this closure releases the GIL or runs Python code.
-        let fast = convert::with_key_bytes(keys, |slices| {
-            let list = match new_list(py, slices.len()) {
+        let fast = convert::with_key_objects(keys, |objects| {
+            let list = match new_list(py, objects.len()) {
                 Ok(list) => list,
                 Err(e) => return Ok(Err(e)),
             };
-            let done = inner.try_known_ctx(req_context, |m, ctx| {
-                for (index, bytes) in slices.iter().enumerate() {
-                    let v = m.lookup(&OffloadKey::new(bytes), ctx)?;
+            let done = inner.try_known_ctx(req_context, |m, ctx, memo| {
+                for (index, &obj) in objects.iter().enumerate() {
+                    // SAFETY: the GIL is held (fast path) and the key's
+                    // object is alive (see `with_key_objects`).
+                    let v = m.lookup(unsafe { memo.key(obj) }, ctx)?;
                     set_verdict(&list, index, v);
                 }
                 Ok(())
@@ -586,9 +670,10 @@ impl PyManager {
                 Ok(Ok(())) => Ok(Ok(list)),
                 Ok(Err(e)) => Ok(Err(lookup_err(e))),
                 // Copied out before the slow path may release the GIL.
-                Err(_) => Err(slices
+                // SAFETY: the objects are alive and the GIL held.
+                Err(_) => Err(objects
                     .iter()
-                    .map(|bytes| OffloadKey::new(bytes))
+                    .map(|k| unsafe { k.key() })
                     .collect::<Vec<_>>()),
             }
         })?;
@@ -621,11 +706,33 @@ impl PyManager {
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Option<usize>> {
         let inner = self.inner()?;
-        let keys = convert::keys(keys)?;
+        // Before the keys are borrowed: it may release the GIL.
         inner.before_lookup(py);
-        let v = inner
-            .with_ctx(py, req_context, move |m, ctx| m.lookup_prefix(&keys, ctx))?
-            .map_err(lookup_err)?;
+        // Nothing in this closure releases the GIL or runs Python code.
+        let fast = convert::with_key_objects(keys, |objects| {
+            let done = inner.try_known_ctx(req_context, |m, ctx, memo| {
+                let keys: Vec<OffloadKey> = objects
+                    .iter()
+                    // SAFETY: as in `lookup_many_impl`.
+                    .map(|&k| unsafe { memo.key(k) }.clone())
+                    .collect();
+                m.lookup_prefix(&keys, ctx)
+            });
+            // SAFETY: the objects are alive and the GIL held.
+            done.map_err(|_| {
+                objects
+                    .iter()
+                    .map(|k| unsafe { k.key() })
+                    .collect::<Vec<_>>()
+            })
+        })?;
+        let v = match fast {
+            Ok(v) => v,
+            Err(keys) => {
+                inner.with_new_ctx(py, req_context, move |m, ctx| m.lookup_prefix(&keys, ctx))?
+            }
+        }
+        .map_err(lookup_err)?;
         Ok(match v {
             PrefixVerdict::Ready(n) => Some(n),
             PrefixVerdict::Pending => None,

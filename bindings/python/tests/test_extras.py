@@ -35,6 +35,33 @@ def test_lookup_many_answers_each_key_like_lookup(ctx):
         m.shutdown()
 
 
+class SubBytes(bytes):
+    pass
+
+
+def test_the_same_key_answers_alike_through_any_object(ctx):
+    """kvtier remembers keys by object: fresh, reused, subclassed and
+    copied objects, and more objects than it remembers, answer alike."""
+    m = InMemoryLookupManager(existing_keys=[key(i) for i in range(0, 20_000, 2)])
+    try:
+        keys = [key(i) for i in range(20_000)]  # more than the memo keeps
+        expected = [i % 2 == 0 for i in range(20_000)]
+        settle(m, keys, ctx)
+        for _ in range(2):
+            assert m.lookup_many(keys, ctx) == expected
+            assert m.lookup_many([bytes(bytearray(k)) for k in keys], ctx) == expected
+            assert m.lookup_many([SubBytes(k) for k in keys[:100]], ctx) == expected[:100]
+            assert [m.lookup(k, ctx) for k in keys[:100]] == expected[:100]
+            assert [m.lookup(bytes(bytearray(k)), ctx) for k in keys[:100]] == expected[:100]
+            assert [m.lookup(SubBytes(k), ctx) for k in keys[:100]] == expected[:100]
+            assert m.lookup_prefix([SubBytes(keys[0]), keys[1]], ctx) == 1
+        with pytest.raises(ValueError):
+            m.lookup(b"x" * 65, ctx)
+        assert m.lookup(key(0), ctx) is True
+    finally:
+        m.shutdown()
+
+
 def test_lookup_prefix_counts_leading_hits_or_is_pending(ctx):
     m = InMemoryLookupManager(existing_keys=[key(0), key(1), key(3)])
     try:
