@@ -52,19 +52,32 @@ pub(crate) struct Core {
 /// here, and `bytes` is immutable): a hit is one probe by address. Only
 /// exact `bytes` objects of at most [`INLINE_KEY_CAPACITY`] bytes are kept
 /// (their release runs no Python code, and they are small).
-/// Bounded: past [`MAX_MEMO_KEYS`] it starts afresh. Used with the GIL held
+/// Bounded: past [`MAX_MEMO_KEYS`] it starts afresh, and if it served
+/// fewer hits than half that meanwhile (new objects at each call), the
+/// next [`MEMO_BYPASS`] keys it does not have are built without being kept. Used with the GIL held
 /// only (the lookups' fast path).
 #[derive(Default)]
 pub(crate) struct KeyMemo {
     map: HashMap<usize, (Py<PyAny>, OffloadKey), BuildHasherDefault<AddressHasher>>,
-    /// The key of the last `bytes` subclass instance looked up.
+    /// The key of the last key not kept (see `insert`).
     scratch: Option<OffloadKey>,
+    /// Keys asked for since the memo last started afresh (counted per
+    /// call, see `count`).
+    asked: usize,
+    /// Keys left that are built without being kept: a caller that passes
+    /// new objects each time gains nothing from the memo, and keeping them
+    /// costs more than building their keys.
+    bypass: usize,
 }
 
 /// Bounds the key memo: its table then stays within 16,384 buckets (about
 /// 1 MB), and it keeps at most this many small `bytes` objects alive
 /// (about 1 MB more).
 const MAX_MEMO_KEYS: usize = 14_336;
+
+/// When the memo fills with fewer hits than half its size, the next this
+/// many keys it does not have are built without being kept.
+const MEMO_BYPASS: usize = 16 * MAX_MEMO_KEYS;
 
 impl KeyMemo {
     /// The key of the `bytes` object `obj`.
@@ -95,16 +108,27 @@ impl KeyMemo {
         // SAFETY: the GIL is held and `obj` alive (the contract).
         let key = unsafe { obj.key() };
         // SAFETY: as above.
-        if unsafe { ffi::Py_TYPE(ptr) } != std::ptr::addr_of_mut!(ffi::PyBytes_Type)
+        if self.bypass > 0
+            || unsafe { ffi::Py_TYPE(ptr) } != std::ptr::addr_of_mut!(ffi::PyBytes_Type)
             || key.len() > INLINE_KEY_CAPACITY
         {
+            self.bypass = self.bypass.saturating_sub(1);
             // A subclass's instance (its release could run Python code),
             // or a long key (likely invalid, and the memo keeps objects
             // small): not kept; the scratch slot holds its key for this use.
             return self.scratch.insert(key);
         }
         if self.map.len() >= MAX_MEMO_KEYS {
+            // Every key asked for was a hit, or one of the keys kept (or
+            // not kept, for the few other keys).
+            let hits = self.asked.saturating_sub(MAX_MEMO_KEYS);
+            self.asked = 0;
             self.clear();
+            if hits < MAX_MEMO_KEYS / 2 {
+                self.bypass = MEMO_BYPASS;
+                // Its memory back, and a probe of an empty table is cheap.
+                self.map = HashMap::default();
+            }
         }
         // SAFETY: the GIL is held and `ptr` is alive: a new reference,
         // owned by the memo.
@@ -118,6 +142,13 @@ impl KeyMemo {
             .insert_entry((held, key))
             .into_mut()
             .1
+    }
+
+    /// Notes that a call asks for `n` keys (once per call: the hit rate
+    /// decides whether the memo is worth keeping objects for).
+    #[inline(always)]
+    pub(crate) fn count(&mut self, n: usize) {
+        self.asked = self.asked.wrapping_add(n);
     }
 
     /// Releases every object, at once (the GIL is held: see `key`).
@@ -622,6 +653,7 @@ impl PyManager {
         }
         inner.before_lookup(py);
         let v = match inner.try_known_ctx(req_context, |m, ctx, memo| {
+            memo.count(1);
             // SAFETY: the GIL is held (fast path) and `key` is alive.
             let key = unsafe { memo.key(convert::KeyObj::new_unchecked(key.as_ptr())) };
             m.lookup(key, ctx)
@@ -658,6 +690,7 @@ impl PyManager {
                 Err(e) => return Ok(Err(e)),
             };
             let done = inner.try_known_ctx(req_context, |m, ctx, memo| {
+                memo.count(objects.len());
                 for (index, &obj) in objects.iter().enumerate() {
                     // SAFETY: the GIL is held (fast path) and the key's
                     // object is alive (see `with_key_objects`).
@@ -711,6 +744,7 @@ impl PyManager {
         // Nothing in this closure releases the GIL or runs Python code.
         let fast = convert::with_key_objects(keys, |objects| {
             let done = inner.try_known_ctx(req_context, |m, ctx, memo| {
+                memo.count(objects.len());
                 let keys: Vec<OffloadKey> = objects
                     .iter()
                     // SAFETY: as in `lookup_many_impl`.
