@@ -110,6 +110,9 @@ impl KeyObj {
     }
 }
 
+/// How many key objects [`with_key_objects`] keeps on the stack.
+const INLINE_KEYS: usize = 64;
+
 /// Runs `f` with every key object of `obj` (a list, a tuple or any
 /// iterable of `bytes`), borrowed; `TypeError` before `f` runs if one is
 /// not `bytes`.
@@ -143,8 +146,17 @@ pub(crate) fn with_key_objects<R>(
             }
         };
         let len = usize::try_from(len).map_err(|_| PyErr::fetch(py))?;
-        let mut objects: Vec<KeyObj> = Vec::with_capacity(len);
-        for index in 0..len {
+        // Up to `INLINE_KEYS` objects on the stack: no allocation for a
+        // request's usual keys.
+        let mut inline = [KeyObj(std::ptr::null_mut()); INLINE_KEYS];
+        let mut heap = Vec::new();
+        let objects: &mut [KeyObj] = if len <= INLINE_KEYS {
+            &mut inline[..len]
+        } else {
+            heap.resize(len, KeyObj(std::ptr::null_mut()));
+            &mut heap
+        };
+        for (index, slot) in objects.iter_mut().enumerate() {
             // Borrowed items (no reference count traffic per key): nothing
             // here or in `f` runs Python code, so the sequence cannot
             // change; a failed check returns at once.
@@ -165,9 +177,9 @@ pub(crate) fn with_key_objects<R>(
                 // SAFETY: as above.
                 return Err(not_bytes(&*unsafe { Borrowed::from_ptr(py, item) }));
             }
-            objects.push(KeyObj(item));
+            *slot = KeyObj(item);
         }
-        return Ok(f(&objects));
+        return Ok(f(objects));
     }
     if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
         return Err(PyTypeError::new_err(
