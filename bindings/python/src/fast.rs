@@ -97,12 +97,14 @@ pub(crate) fn install(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<()> {
 }
 
 /// The two arguments of a call, positional or by keyword, checked as PyO3
-/// checks them (same messages).
+/// checks them (same messages). ([`call`] reads two positional arguments
+/// itself.)
 ///
 /// # Safety
 /// `args` holds `nargs` positional arguments followed by one value per name
 /// in `kwnames` (a tuple of str, or null), as METH_FASTCALL | METH_KEYWORDS
 /// passes them.
+#[inline(never)]
 unsafe fn arguments<'py>(
     py: Python<'py>,
     method: &Method,
@@ -197,8 +199,19 @@ unsafe fn call(
         let slf = unsafe { Borrowed::from_ptr(py, slf) };
         // SAFETY: as above.
         let manager = unsafe { slf.downcast_unchecked::<PyManager>() };
-        // SAFETY: forwarded from this function's contract.
-        let params = unsafe { arguments(py, method, args, nargs, kwnames) }?;
+        let params = if kwnames.is_null() && nargs == 2 {
+            // The usual call: two positional arguments, read in place.
+            // SAFETY: `args` holds `nargs` arguments (the contract).
+            unsafe {
+                [
+                    Borrowed::from_ptr(py, *args),
+                    Borrowed::from_ptr(py, *args.add(1)),
+                ]
+            }
+        } else {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { arguments(py, method, args, nargs, kwnames) }?
+        };
         body(py, manager.get(), params)
     }));
     match outcome {

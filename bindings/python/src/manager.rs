@@ -39,6 +39,10 @@ pub(crate) struct Core {
     /// object is held, so its address cannot be reused while it is here;
     /// `cleanup(req_id)` removes it. A context's `req_id` must not change.
     contexts: HashMap<usize, (Py<PyAny>, ReqContext), BuildHasherDefault<AddressHasher>>,
+    /// The `req_context` object of the last fast-path call, and its
+    /// context (a copy of its entry in `contexts`): a scheduler asks for
+    /// one request's keys in a row. Dropped with the entry (`cleanup`).
+    last_context: Option<(usize, ReqContext)>,
     /// Keys built from `bytes` objects, by object address.
     keys: KeyMemo,
 }
@@ -190,6 +194,7 @@ impl Core {
         Self {
             manager,
             contexts: HashMap::default(),
+            last_context: None,
             keys: KeyMemo::default(),
         }
     }
@@ -256,7 +261,13 @@ impl Inner {
         let ptr = ctx.as_ptr() as usize;
         if let Ok(mut guard) = self.core.try_lock() {
             let core = &mut *guard;
+            if let Some((last, rc)) = &core.last_context
+                && *last == ptr
+            {
+                return Ok(f(core.manager.as_mut(), rc, &mut core.keys));
+            }
             if let Some((_, rc)) = core.contexts.get(&ptr) {
+                let rc = &core.last_context.insert((ptr, rc.clone())).1;
                 return Ok(f(core.manager.as_mut(), rc, &mut core.keys));
             }
         }
@@ -282,6 +293,7 @@ impl Inner {
         let keep = ctx.clone().unbind();
         let (result, replaced) = self.with_core(py, move |core| {
             let mut replaced: Vec<Py<PyAny>> = Vec::new();
+            core.last_context = None;
             if core.contexts.len() >= MAX_CACHED_CONTEXTS {
                 replaced.extend(core.contexts.drain().map(|(_, (obj, _))| obj));
             }
@@ -559,6 +571,7 @@ impl PyManager {
             .map_err(|_| PyTypeError::new_err("req_id must be a str"))?;
         let dropped: Vec<Py<PyAny>> = inner.with_core(py, |core| {
             core.manager.cleanup(&req_id);
+            core.last_context = None;
             core.contexts
                 .extract_if(|_, (_, ctx)| ctx.req_id() == req_id)
                 .map(|(_, (obj, _))| obj)
