@@ -39,6 +39,10 @@ create_exception!(
 #[pymodule]
 fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    manager::IMMORTAL_SINGLETONS.store(
+        py.version_info() >= (3, 12),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     m.add_class::<manager::PyManager>()?;
     fast::install(py, &py.get_type::<manager::PyManager>())?;
     m.add_class::<stack::PyTierStack>()?;

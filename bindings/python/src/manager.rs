@@ -333,35 +333,113 @@ fn verdict_ptr(v: LookupVerdict) -> *mut ffi::PyObject {
     }
 }
 
-/// The singleton `True`, `False` or `None` of a verdict.
-#[inline]
-fn verdict(py: Python<'_>, v: LookupVerdict) -> Bound<'_, PyAny> {
-    // SAFETY: a singleton lives forever; the new reference is owned.
-    unsafe { Bound::from_borrowed_ptr(py, verdict_ptr(v)) }
-}
+/// Whether the interpreter's `True`, `False` and `None` are immortal
+/// (CPython 3.12 and newer, PEP 683): their reference counts are then never
+/// touched. Set when the module is imported.
+pub(crate) static IMMORTAL_SINGLETONS: AtomicBool = AtomicBool::new(false);
 
-/// A new list of `len` items, all unset (null) until [`set_verdict`]
-/// fills them; a list dropped half-filled is fine (null items are skipped).
-#[inline]
-fn new_list(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyList>> {
-    // SAFETY: PyList_New returns a new reference or null with an error set.
+/// Adds `n` references to a verdict singleton at once: what `n` calls of
+/// `Py_INCREF` would do (the limited API's `Py_INCREF` is a call).
+///
+/// # Safety
+/// The GIL is held and `obj` is one of `verdict_ptr`'s singletons.
+#[inline(always)]
+unsafe fn add_refs(obj: *mut ffi::PyObject, n: usize) {
+    if n == 0 || IMMORTAL_SINGLETONS.load(Ordering::Relaxed) {
+        return;
+    }
+    // Before 3.12 the count is the object's first word, a Py_ssize_t (the
+    // header of an abi3 module increments it in place, as here).
+    // SAFETY: see the function's contract; the GIL serialises the update.
     unsafe {
-        Ok(
-            Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?
-                .downcast_into_unchecked::<PyList>(),
-        )
+        let count = std::ptr::addr_of_mut!((*obj).ob_refcnt).cast::<ffi::Py_ssize_t>();
+        *count += n as ffi::Py_ssize_t;
     }
 }
 
-/// Sets item `index` (within the length, not yet set) of `list` to `v`.
-#[inline(always)]
-fn set_verdict(list: &Bound<'_, PyList>, index: usize, v: LookupVerdict) {
+/// The singleton `True`, `False` or `None` of a verdict.
+#[inline]
+fn verdict(py: Python<'_>, v: LookupVerdict) -> Bound<'_, PyAny> {
     let obj = verdict_ptr(v);
-    // SAFETY: `list` is a list made by `new_list` and `index` is in range
-    // (PyList_SetItem cannot fail then); it steals the new reference.
+    // SAFETY: a singleton lives forever; the reference added is owned.
     unsafe {
-        ffi::Py_INCREF(obj);
-        ffi::PyList_SetItem(list.as_ptr(), index as ffi::Py_ssize_t, obj);
+        add_refs(obj, 1);
+        Bound::from_owned_ptr(py, obj)
+    }
+}
+
+/// A new list of verdicts being filled: its items are set without
+/// touching the singletons' counts one by one; the references owed are
+/// added in one go when it is finished or dropped half-filled.
+struct VerdictList<'py> {
+    list: Bound<'py, PyList>,
+    /// References owed to `True`, `False` and `None`.
+    owed: [usize; 3],
+}
+
+impl<'py> VerdictList<'py> {
+    /// A list of `len` items, all unset (null) until `set` fills them; a
+    /// list dropped half-filled is fine (null items are skipped).
+    #[inline]
+    fn new(py: Python<'py>, len: usize) -> PyResult<Self> {
+        // SAFETY: PyList_New returns a new reference or null with an error set.
+        let list = unsafe {
+            Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len as ffi::Py_ssize_t))?
+                .downcast_into_unchecked::<PyList>()
+        };
+        Ok(Self { list, owed: [0; 3] })
+    }
+
+    /// Sets item `index` (within the length, set once) to `v`.
+    #[inline(always)]
+    fn set(&mut self, index: usize, v: LookupVerdict) {
+        let slot = match v {
+            LookupVerdict::Hit => 0,
+            LookupVerdict::Miss => 1,
+            LookupVerdict::Pending => 2,
+        };
+        self.owed[slot] += 1;
+        // SAFETY: the list was made by `new` and `index` is in range
+        // (PyList_SetItem cannot fail then); the reference it steals is
+        // added by `pay` before anything can release one (no Python code
+        // runs meanwhile).
+        unsafe {
+            ffi::PyList_SetItem(self.list.as_ptr(), index as ffi::Py_ssize_t, verdict_ptr(v));
+        }
+    }
+
+    /// Adds the references owed.
+    #[inline]
+    fn pay(&mut self) {
+        let owed = std::mem::take(&mut self.owed);
+        for (v, n) in [
+            LookupVerdict::Hit,
+            LookupVerdict::Miss,
+            LookupVerdict::Pending,
+        ]
+        .into_iter()
+        .zip(owed)
+        {
+            // SAFETY: the GIL is held (a `Bound` is alive) and the object
+            // is a verdict singleton.
+            unsafe { add_refs(verdict_ptr(v), n) };
+        }
+    }
+
+    /// The filled list.
+    #[inline]
+    fn finish(self) -> Bound<'py, PyList> {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        this.pay();
+        // SAFETY: `this` is never dropped; the list moves out once.
+        unsafe { std::ptr::read(&this.list) }
+    }
+}
+
+impl Drop for VerdictList<'_> {
+    fn drop(&mut self) {
+        // Before the list (a field) releases its items.
+        self.pay();
     }
 }
 
@@ -698,22 +776,24 @@ impl PyManager {
         inner.before_lookup(py);
         // Nothing in this closure releases the GIL or runs Python code.
         let fast = convert::with_key_objects(keys, |objects| {
-            let list = match new_list(py, objects.len()) {
+            let mut list = match VerdictList::new(py, objects.len()) {
                 Ok(list) => list,
                 Err(e) => return Ok(Err(e)),
             };
-            let done = inner.try_known_ctx(req_context, |m, ctx, memo| {
-                memo.count(objects.len());
-                for (index, &obj) in objects.iter().enumerate() {
-                    // SAFETY: the GIL is held (fast path) and the key's
-                    // object is alive (see `with_key_objects`).
-                    let v = m.lookup(unsafe { memo.key(obj) }, ctx)?;
-                    set_verdict(&list, index, v);
-                }
-                Ok(())
-            });
+            let done = inner
+                .try_known_ctx(req_context, |m, ctx, memo| {
+                    memo.count(objects.len());
+                    for (index, &obj) in objects.iter().enumerate() {
+                        // SAFETY: the GIL is held (fast path) and the key's
+                        // object is alive (see `with_key_objects`).
+                        let v = m.lookup(unsafe { memo.key(obj) }, ctx)?;
+                        list.set(index, v);
+                    }
+                    Ok(())
+                })
+                .map_err(drop);
             match done {
-                Ok(Ok(())) => Ok(Ok(list)),
+                Ok(Ok(())) => Ok(Ok(list.finish())),
                 Ok(Err(e)) => Ok(Err(lookup_err(e))),
                 // Copied out before the slow path may release the GIL.
                 // SAFETY: the objects are alive and the GIL held.
@@ -736,11 +816,11 @@ impl PyManager {
                 Ok(out)
             })?
             .map_err(lookup_err)?;
-        let list = new_list(py, verdicts.len())?;
+        let mut list = VerdictList::new(py, verdicts.len())?;
         for (index, v) in verdicts.into_iter().enumerate() {
-            set_verdict(&list, index, v);
+            list.set(index, v);
         }
-        Ok(list)
+        Ok(list.finish())
     }
 
     /// `lookup_prefix`, shared like [`lookup_impl`](Self::lookup_impl).

@@ -62,6 +62,41 @@ def test_the_same_key_answers_alike_through_any_object(ctx):
         m.shutdown()
 
 
+def test_answers_keep_the_reference_counts_of_true_false_none(ctx):
+    """lookup and lookup_many return the singletons with their references
+    counted, also for a list dropped half-filled by an invalid key."""
+    import gc
+    import sys
+    import types
+
+    m = InMemoryLookupManager(existing_keys=[key(0)])
+    try:
+        keys = [key(0), key(1), key(2)]
+        for k in keys[:2]:
+            resolve(m, k, ctx)
+        gc.collect()
+        before = [sys.getrefcount(x) for x in (True, False, None)]
+        held = []
+        for i in range(1000):
+            held.append(m.lookup_many(keys, ctx))
+            held.append(m.lookup(keys[i % 3], ctx))
+            with pytest.raises(ValueError):
+                m.lookup_many([key(0), key(1), b"x" * 65], ctx)
+            # A new context (the slow path), holding no None of its own.
+            m.lookup_many(keys, types.SimpleNamespace(req_id=f"new-{i}"))
+            m.cleanup(f"new-{i}")
+        assert held[0] == [True, False, None]
+        del held
+        gc.collect()
+        after = [sys.getrefcount(x) for x in (True, False, None)]
+        assert after[:2] == before[:2]
+        # None is also held, a few times, by whatever the worker thread was
+        # doing; a leak or a lost reference per answer would be >= 1000.
+        assert abs(after[2] - before[2]) < 100
+    finally:
+        m.shutdown()
+
+
 def test_lookup_prefix_counts_leading_hits_or_is_pending(ctx):
     m = InMemoryLookupManager(existing_keys=[key(0), key(1), key(3)])
     try:
