@@ -53,37 +53,61 @@ pub(crate) struct Core {
 /// same `bytes` objects; building a key hashes its bytes, which costs more
 /// than the rest of a resolved lookup's binding. The memo holds a reference
 /// to each object it keys (so its address cannot be reused while it is
-/// here, and `bytes` is immutable): a hit is one probe by address. Only
-/// exact `bytes` objects of at most [`INLINE_KEY_CAPACITY`] bytes are kept
-/// (their release runs no Python code, and they are small).
-/// Bounded: past [`MAX_MEMO_KEYS`] it starts afresh, and if it served
-/// fewer hits than half that meanwhile (new objects at each call), the
-/// next [`MEMO_BYPASS`] keys it does not have are built without being kept. Used with the GIL held
-/// only (the lookups' fast path).
+/// here, and `bytes` is immutable): a hit is a few address comparisons in
+/// a [`MEMO_WAYS`]-way set-associative table of [`MEMO_SETS`] sets, and the
+/// key's bytes are not read. Only exact `bytes` objects of at most
+/// [`INLINE_KEY_CAPACITY`] bytes are kept (their release runs no Python
+/// code, and they are small). A caller that passes new objects each time
+/// gains nothing from it: when a window of [`MEMO_WINDOW`] insertions saw
+/// fewer hits than half that, the memo empties and the next
+/// [`MEMO_BYPASS`] keys it does not have are built without being kept.
+/// Used with the GIL held only (the lookups' fast path).
 #[derive(Default)]
 pub(crate) struct KeyMemo {
-    map: HashMap<usize, (Py<PyAny>, OffloadKey), BuildHasherDefault<AddressHasher>>,
+    /// `MEMO_WAYS * MEMO_SETS` entries once used, set after set (the
+    /// latest insertion first).
+    slots: Vec<MemoSlot>,
     /// The key of the last key not kept (see `insert`).
     scratch: Option<OffloadKey>,
-    /// Keys asked for since the memo last started afresh (counted per
-    /// call, see `count`).
+    /// Keys asked for since the window started (counted per call).
     asked: usize,
-    /// Keys left that are built without being kept: a caller that passes
-    /// new objects each time gains nothing from the memo, and keeping them
-    /// costs more than building their keys.
+    /// Insertions since the window started.
+    inserted: usize,
+    /// Keys left that are built without being kept.
     bypass: usize,
 }
 
-/// Bounds the key memo: its table then stays within 16,384 buckets (about
-/// 1 MB), and it keeps at most this many small `bytes` objects alive
-/// (about 1 MB more).
-const MAX_MEMO_KEYS: usize = 14_336;
+/// One entry of the memo: an object it holds and its key.
+struct MemoSlot {
+    obj: Option<Py<PyAny>>,
+    key: OffloadKey,
+}
 
-/// When the memo fills with fewer hits than half its size, the next this
-/// many keys it does not have are built without being kept.
-const MEMO_BYPASS: usize = 16 * MAX_MEMO_KEYS;
+/// Sets of the key memo: 8,192 entries of 56 bytes (about 460 KB,
+/// allocated on first use), holding at most that many small `bytes`
+/// objects. Four ways: 2,048 keys of a step then rarely crowd a set.
+const MEMO_SETS: usize = 2048;
+
+/// Entries per set of the key memo.
+const MEMO_WAYS: usize = 4;
+
+/// Insertions per window of the memo's hit rate.
+const MEMO_WINDOW: usize = MEMO_WAYS * MEMO_SETS;
+
+/// When a window saw fewer hits than half its insertions' count, the next
+/// this many keys the memo does not have are built without being kept.
+const MEMO_BYPASS: usize = 16 * MEMO_WINDOW;
 
 impl KeyMemo {
+    /// The first of the slots of `ptr`'s set.
+    #[inline(always)]
+    fn set_of(ptr: *mut ffi::PyObject) -> usize {
+        // Object addresses are 16-byte aligned; a multiplicative hash
+        // spreads them, its top bits index the set.
+        let h = ((ptr as usize as u64) >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        MEMO_WAYS * (h >> (64 - MEMO_SETS.trailing_zeros())) as usize
+    }
+
     /// The key of the `bytes` object `obj`.
     ///
     /// # Safety
@@ -91,15 +115,27 @@ impl KeyMemo {
     #[inline]
     pub(crate) unsafe fn key(&mut self, obj: convert::KeyObj) -> &OffloadKey {
         let ptr = obj.as_ptr();
-        if let Some((_, key)) = self.map.get(&(ptr as usize)) {
-            // SAFETY: a shared borrow of `self.map` for the returned
-            // lifetime; nothing else touches the map meanwhile. (Returning
-            // `key` directly runs into the borrow checker's known limit
-            // with a conditional return followed by a mutation.)
-            return unsafe { &*std::ptr::from_ref(key) };
+        if !self.slots.is_empty() {
+            let at = Self::slot_with(&self.slots, ptr);
+            if at != usize::MAX {
+                return &self.slots[at].key;
+            }
         }
         // SAFETY: forwarded.
         unsafe { self.insert(obj) }
+    }
+
+    /// The index of the slot holding `ptr`, or `usize::MAX`.
+    #[inline(always)]
+    fn slot_with(slots: &[MemoSlot], ptr: *mut ffi::PyObject) -> usize {
+        let set = Self::set_of(ptr);
+        let ways = &slots[set..set + MEMO_WAYS];
+        for (way, slot) in ways.iter().enumerate() {
+            if slot.obj.as_ref().is_some_and(|o| o.as_ptr() == ptr) {
+                return set + way;
+            }
+        }
+        usize::MAX
     }
 
     /// `key` for an object not in the memo.
@@ -116,36 +152,67 @@ impl KeyMemo {
             || unsafe { ffi::Py_TYPE(ptr) } != std::ptr::addr_of_mut!(ffi::PyBytes_Type)
             || key.len() > INLINE_KEY_CAPACITY
         {
-            self.bypass = self.bypass.saturating_sub(1);
             // A subclass's instance (its release could run Python code),
             // or a long key (likely invalid, and the memo keeps objects
-            // small): not kept; the scratch slot holds its key for this use.
+            // small), or the memo stands aside: not kept; the scratch slot
+            // holds its key for this use.
+            self.bypass = self.bypass.saturating_sub(1);
             return self.scratch.insert(key);
         }
-        if self.map.len() >= MAX_MEMO_KEYS {
-            // Every key asked for was a hit, or one of the keys kept (or
-            // not kept, for the few other keys).
-            let hits = self.asked.saturating_sub(MAX_MEMO_KEYS);
+        if self.inserted >= MEMO_WINDOW {
+            // Every key asked for was a hit or an insertion (or one of
+            // the few keys not kept).
+            let hits = self.asked.saturating_sub(self.inserted);
             self.asked = 0;
-            self.clear();
-            if hits < MAX_MEMO_KEYS / 2 {
+            self.inserted = 0;
+            if hits < MEMO_WINDOW / 2 {
                 self.bypass = MEMO_BYPASS;
-                // Its memory back, and a probe of an empty table is cheap.
-                self.map = HashMap::default();
+                self.release();
+                return self.scratch.insert(key);
             }
         }
+        if self.slots.is_empty() {
+            let empty = OffloadKey::new(&[]);
+            self.slots = (0..MEMO_WAYS * MEMO_SETS)
+                .map(|_| MemoSlot {
+                    obj: None,
+                    key: empty.clone(),
+                })
+                .collect();
+        }
+        self.inserted += 1;
         // SAFETY: the GIL is held and `ptr` is alive: a new reference,
         // owned by the memo.
         let held = unsafe {
             ffi::Py_IncRef(ptr);
             Py::from_owned_ptr(Python::assume_gil_acquired(), ptr)
         };
-        &self
-            .map
-            .entry(ptr as usize)
-            .insert_entry((held, key))
-            .into_mut()
-            .1
+        // The new key goes first; the others move down one way, and the
+        // last one leaves.
+        let set = Self::set_of(ptr);
+        let ways = &mut self.slots[set..set + MEMO_WAYS];
+        ways.rotate_right(1);
+        let leaving = std::mem::replace(
+            &mut ways[0],
+            MemoSlot {
+                obj: Some(held),
+                key,
+            },
+        );
+        Self::drop_slot(leaving);
+        &self.slots[set].key
+    }
+
+    /// Releases a slot's object now (the GIL is held: see `key`).
+    #[inline]
+    fn drop_slot(slot: MemoSlot) {
+        if let Some(obj) = slot.obj {
+            // SAFETY: the GIL is held; an exact `bytes` object's release
+            // runs no Python code. (A plain drop would defer it: the
+            // METH_FASTCALL entry points do not count the GIL in PyO3's
+            // books.)
+            unsafe { ffi::Py_DecRef(obj.into_ptr()) };
+        }
     }
 
     /// Notes that a call asks for `n` keys (once per call: the hit rate
@@ -155,15 +222,11 @@ impl KeyMemo {
         self.asked = self.asked.wrapping_add(n);
     }
 
-    /// Releases every object, at once (the GIL is held: see `key`).
+    /// Releases every object and the table (the GIL is held: see `key`).
     #[cold]
-    fn clear(&mut self) {
-        for (_, (obj, _)) in self.map.drain() {
-            // SAFETY: the GIL is held; an exact `bytes` object's release
-            // runs no Python code. (A plain drop would defer it: the
-            // METH_FASTCALL entry points do not count the GIL in PyO3's
-            // books.)
-            unsafe { ffi::Py_DecRef(obj.into_ptr()) };
+    fn release(&mut self) {
+        for slot in std::mem::take(&mut self.slots) {
+            Self::drop_slot(slot);
         }
     }
 }
