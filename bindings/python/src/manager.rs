@@ -19,7 +19,7 @@ use kvtier_core::{
 };
 use kvtier_disk::{DiskConfig, DiskTier};
 use kvtier_redis::{RedisConfig, RedisTier};
-use kvtier_s3::S3Config;
+use kvtier_s3::{S3Config, S3Tier};
 
 use crate::convert;
 use crate::native::{self, Native};
@@ -32,7 +32,7 @@ const PUBLISH_WAIT: Duration = Duration::from_millis(200);
 
 /// The manager and the request contexts seen, behind one lock.
 pub(crate) struct Core {
-    pub(crate) manager: Box<dyn DynLookupManager>,
+    pub(crate) manager: AnyManager,
     /// `req_context` objects by identity, with their contexts: a scheduler
     /// passes the same object for a request step after step, so an identity
     /// check saves reading `req_id` (a Python attribute) on each call. The
@@ -231,6 +231,68 @@ impl KeyMemo {
     }
 }
 
+/// The manager of each kind of tier, by its concrete type: a lookup loop
+/// (see [`each_manager!`]) then calls the manager's own `lookup`, which the
+/// compiler inlines into it, instead of one virtual call per key.
+pub(crate) enum AnyManager {
+    Py(AsyncLookupManager<PyTierTask>),
+    Redis(AsyncLookupManager<RedisTier>),
+    S3(AsyncLookupManager<S3Tier>),
+    Disk(AsyncLookupManager<DiskTier>),
+}
+
+/// Runs `$body` with `$m` bound to the concrete manager inside `$any`.
+macro_rules! each_manager {
+    ($any:expr, $m:ident => $body:expr) => {
+        match $any {
+            AnyManager::Py($m) => $body,
+            AnyManager::Redis($m) => $body,
+            AnyManager::S3($m) => $body,
+            AnyManager::Disk($m) => $body,
+        }
+    };
+}
+
+impl DynLookupManager for AnyManager {
+    fn tier_name(&self) -> &str {
+        each_manager!(self, m => m.tier_name())
+    }
+    fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupVerdict, LookupError> {
+        each_manager!(self, m => m.lookup(key, ctx))
+    }
+    fn lookup_prefix(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<PrefixVerdict, LookupError> {
+        each_manager!(self, m => m.lookup_prefix(keys, ctx))
+    }
+    fn flush(&mut self) {
+        each_manager!(self, m => m.flush());
+    }
+    fn drain_results(&mut self) {
+        each_manager!(self, m => m.drain_results());
+    }
+    fn mark_miss(&mut self, keys: &[OffloadKey]) {
+        each_manager!(self, m => m.mark_miss(keys));
+    }
+    fn cleanup(&mut self, req_id: &str) {
+        each_manager!(self, m => m.cleanup(req_id));
+    }
+    fn stats(&self) -> ManagerStats {
+        each_manager!(self, m => m.stats())
+    }
+    fn is_idle(&self) -> bool {
+        each_manager!(self, m => m.is_idle())
+    }
+    fn shutdown(&mut self) -> ShutdownReport {
+        each_manager!(self, m => m.shutdown())
+    }
+    fn shutdown_async(&mut self) -> kvtier_core::BoxFuture<'_, ShutdownReport> {
+        each_manager!(self, m => DynLookupManager::shutdown_async(m))
+    }
+}
+
 /// Bounds the context cache: past this many live objects it starts afresh.
 const MAX_CACHED_CONTEXTS: usize = 16_384;
 
@@ -253,7 +315,7 @@ impl Hasher for AddressHasher {
 }
 
 impl Core {
-    fn new(manager: Box<dyn DynLookupManager>) -> Self {
+    fn new(manager: AnyManager) -> Self {
         Self {
             manager,
             contexts: HashMap::default(),
@@ -319,7 +381,7 @@ impl Inner {
     #[inline]
     fn try_known_ctx<R, F>(&self, ctx: &Bound<'_, PyAny>, f: F) -> Result<R, F>
     where
-        F: FnOnce(&mut dyn DynLookupManager, &ReqContext, &mut KeyMemo) -> R,
+        F: FnOnce(&mut AnyManager, &ReqContext, &mut KeyMemo) -> R,
     {
         let ptr = ctx.as_ptr() as usize;
         if let Ok(mut guard) = self.core.try_lock() {
@@ -327,11 +389,11 @@ impl Inner {
             if let Some((last, rc)) = &core.last_context
                 && *last == ptr
             {
-                return Ok(f(core.manager.as_mut(), rc, &mut core.keys));
+                return Ok(f(&mut core.manager, rc, &mut core.keys));
             }
             if let Some((_, rc)) = core.contexts.get(&ptr) {
                 let rc = &core.last_context.insert((ptr, rc.clone())).1;
-                return Ok(f(core.manager.as_mut(), rc, &mut core.keys));
+                return Ok(f(&mut core.manager, rc, &mut core.keys));
             }
         }
         Err(f)
@@ -363,7 +425,7 @@ impl Inner {
             if let Some((obj, _)) = core.contexts.insert(ptr, (keep, rc.clone())) {
                 replaced.push(obj);
             }
-            (f(core.manager.as_mut(), &rc), replaced)
+            (f(&mut core.manager, &rc), replaced)
         });
         // Released after the lock (a finalizer may run Python code), with a
         // direct decref: the METH_FASTCALL entry points do not count the
@@ -587,7 +649,7 @@ impl PyManager {
         })
         .map_err(build_err)?;
         slf.get().install(Inner {
-            core: Mutex::new(Core::new(Box::new(manager))),
+            core: Mutex::new(Core::new(AnyManager::Py(manager))),
             tier_name,
             py_calls: Some(calls),
             native: Native::None,
@@ -603,21 +665,21 @@ impl PyManager {
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
         let py = slf.py();
-        let (manager, native, tier_name): (Box<dyn DynLookupManager>, Native, String) = match kind {
+        let (manager, native, tier_name): (AnyManager, Native, String) = match kind {
             "redis" => {
                 let (cfg, tcfg) =
                     convert::split_config::<ManagerConfig, RedisConfig>(kind, config)?;
                 let tier = Arc::new(RedisTier::new(tcfg).map_err(native::config_err)?);
                 let m = tier.manager(cfg).map_err(build_err)?;
                 let name = m.tier_name().to_owned();
-                (Box::new(m), Native::Redis(tier), name)
+                (AnyManager::Redis(m), Native::Redis(tier), name)
             }
             "s3" => {
                 let (cfg, tcfg) = convert::split_config::<ManagerConfig, S3Config>(kind, config)?;
                 let tier = Arc::new(native::new_s3(py, tcfg)?);
                 let m = tier.manager(cfg).map_err(build_err)?;
                 let name = m.tier_name().to_owned();
-                (Box::new(m), Native::S3(tier), name)
+                (AnyManager::S3(m), Native::S3(tier), name)
             }
             "disk" => {
                 let (cfg, tcfg) = convert::split_config::<ManagerConfig, DiskConfig>(kind, config)?;
@@ -627,7 +689,7 @@ impl PyManager {
                 );
                 let m = tier.manager(cfg).map_err(build_err)?;
                 let name = m.tier_name().to_owned();
-                (Box::new(m), Native::Disk(tier), name)
+                (AnyManager::Disk(m), Native::Disk(tier), name)
             }
             other => {
                 return Err(PyValueError::new_err(format!(
@@ -844,14 +906,16 @@ impl PyManager {
                 Err(e) => return Ok(Err(e)),
             };
             let done = inner
-                .try_known_ctx(req_context, |m, ctx, memo| {
+                .try_known_ctx(req_context, |any, ctx, memo| {
                     memo.count(objects.len());
-                    for (index, &obj) in objects.iter().enumerate() {
-                        // SAFETY: the GIL is held (fast path) and the key's
-                        // object is alive (see `with_key_objects`).
-                        let v = m.lookup(unsafe { memo.key(obj) }, ctx)?;
-                        list.set(index, v);
-                    }
+                    each_manager!(any, m => {
+                        for (index, &obj) in objects.iter().enumerate() {
+                            // SAFETY: the GIL is held (fast path) and the
+                            // key's object is alive (see `with_key_objects`).
+                            let v = m.lookup(unsafe { memo.key(obj) }, ctx)?;
+                            list.set(index, v);
+                        }
+                    });
                     Ok(())
                 })
                 .map_err(drop);
