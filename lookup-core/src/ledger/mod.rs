@@ -387,10 +387,16 @@ impl Ledger {
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
         // already holds (its first verdict also notes the time to it).
-        if let Some((id, _, serial)) = &self.last_request
+        if let Some((id, request, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
-            && state.last_req == *serial
         {
+            if state.last_req != *serial {
+                // The same request, a key it may not hold yet: no need to
+                // find the request again.
+                let (request, serial) = (*request, *serial);
+                self.counters.lookups += 1;
+                return Ok(self.lookup_tracked(found, request, serial, ctx, now));
+            }
             let verdict = match state.phase {
                 Phase::Present => Some(LookupVerdict::Hit),
                 Phase::Absent | Phase::ForcedMiss => Some(LookupVerdict::Miss),
@@ -482,6 +488,21 @@ impl Ledger {
             }
             return LookupVerdict::Pending;
         };
+        self.lookup_tracked(slot, request, serial, ctx, now)
+    }
+
+    /// `lookup` of the tracked key at `slot` by the request at `request`
+    /// (serial `serial`): takes the request's reference if the key's mark
+    /// does not show it holds one, then answers from the entry.
+    #[inline(never)]
+    fn lookup_tracked(
+        &mut self,
+        slot: Slot,
+        request: Slot,
+        serial: u32,
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+    ) -> LookupVerdict {
         let (keys, request_slab) = (&mut self.keys, &mut self.request_slab);
         let Some((state, cold)) = keys.get_both(slot) else {
             return LookupVerdict::Pending; // unreachable: `find` returned it
