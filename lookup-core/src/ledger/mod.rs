@@ -152,10 +152,36 @@ const SHARED_COMPACT_MIN: usize = 64;
 /// When the list doubles it is compacted: sorted, and each duplicate's extra
 /// reference released at once, so it never holds more than twice the keys
 /// it refers to.
+///
+/// A request usually asks for its keys in the same order every step, so a
+/// cursor follows the list: a key found at the cursor (or, the scan having
+/// started again, at the front) is one the request already holds, and no
+/// reference is taken again. Only a key in the list proves membership
+/// (the request's reference keeps the key and its slot alive), so a
+/// cursor gone stale costs a duplicate reference at most, never a wrong one.
 #[derive(Debug, Default)]
 struct SharedRefs {
     slots: Vec<Slot>,
     compact_at: usize,
+    /// Where the next shared key the request asks for probably is.
+    cursor: usize,
+}
+
+impl SharedRefs {
+    /// Whether `slot` is at the cursor or the front of the list (then the
+    /// request holds it); moves the cursor past it.
+    #[inline(always)]
+    fn follows(&mut self, slot: Slot) -> bool {
+        if self.slots.get(self.cursor) == Some(&slot) {
+            self.cursor += 1;
+            true
+        } else if self.slots.first() == Some(&slot) {
+            self.cursor = 1;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// Sorts a request's shared references and releases each duplicate's
@@ -177,6 +203,7 @@ fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
     }
     shared.slots.truncate(kept);
     shared.compact_at = 2 * kept;
+    shared.cursor = 0;
 }
 
 /// How many emptied key lists of cleaned-up requests the ledger keeps for
@@ -512,6 +539,7 @@ impl Ledger {
             state.last_req = serial;
             if cold.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
+                && !req.shared.follows(slot)
             {
                 cold.refs += 1;
                 let shared = &mut req.shared;
@@ -519,6 +547,7 @@ impl Ledger {
                     shared.slots = new_list(&mut self.spare_lists);
                 }
                 shared.slots.push(slot);
+                shared.cursor = shared.slots.len();
                 compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
             }
         }
