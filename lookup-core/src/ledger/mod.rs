@@ -1412,12 +1412,19 @@ mod tests {
             .collect();
         let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
         // a creates every key; b shares them, and both ask again in turns,
-        // as waiting requests do every step: each ask of b after a's takes
-        // one more reference, and compaction must release the extra ones
-        // so b's list stays within twice its keys.
+        // as waiting requests do every step, b in an order that changes
+        // every round (its cursor loses track): such an ask of b after a's
+        // takes one more reference, and compaction must release the extra
+        // ones so b's list stays within twice its keys.
         for round in 0..20 {
             for ctx in [&a, &b] {
-                for key in &keys {
+                let reversed = ctx.req_id() == "b" && round % 2 == 1;
+                let order: Vec<&OffloadKey> = if reversed {
+                    keys.iter().rev().collect()
+                } else {
+                    keys.iter().collect()
+                };
+                for key in order {
                     l.lookup(key, ctx, &mut lazy).unwrap();
                 }
             }
@@ -1443,6 +1450,49 @@ mod tests {
             "a still refers to every key"
         );
         l.cleanup("a");
+        assert!(l.is_empty(), "{:?}", l.stats());
+    }
+
+    #[test]
+    fn a_sharer_asking_in_its_usual_order_takes_one_reference() {
+        let mut l = ledger();
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let keys: Vec<OffloadKey> = (0..40u32)
+            .map(|i| OffloadKey::new(&i.to_be_bytes()))
+            .collect();
+        let ctxs: Vec<ReqContext> = ["a", "b", "c", "d"]
+            .into_iter()
+            .map(ReqContext::new)
+            .collect();
+        // Four requests share every key and ask in turns, in the same order
+        // each round (w2's shape): the sharers find their keys at their
+        // cursors (the front again when a round starts) and take no
+        // reference twice.
+        for round in 0..6 {
+            for ctx in &ctxs {
+                for key in &keys {
+                    l.lookup(key, ctx, &mut lazy).unwrap();
+                }
+            }
+            if round == 0 {
+                answer_all(&mut l, now);
+            }
+        }
+        for name in ["b", "c", "d"] {
+            let slot = l.requests[name];
+            let held = l.request_slab.get(slot).unwrap().shared.slots.len();
+            assert_eq!(held, keys.len(), "{name} holds {held} entries");
+        }
+        for key in &keys {
+            let refs = l.keys.cold(l.keys.find(key).unwrap()).unwrap().refs;
+            assert_eq!(refs, 4);
+        }
+        for ctx in &ctxs[..3] {
+            l.cleanup(ctx.req_id());
+        }
+        assert_eq!(l.stats().tracked_keys, keys.len(), "d still holds them");
+        l.cleanup("d");
         assert!(l.is_empty(), "{:?}", l.stats());
     }
 
