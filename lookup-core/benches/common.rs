@@ -32,13 +32,16 @@ pub fn ledger(max_queued: usize) -> Ledger {
     })
 }
 
-/// Flushes and answers every call, half the keys present.
+/// Flushes and answers every call, half the keys present, then expires
+/// what is past its deadline, as the manager does after applying answers
+/// (`AsyncLookupManager::flush` and every drain).
 pub fn flush_and_answer(ledger: &mut Ledger, now: Instant) {
     ledger.flush(now);
     while let Some(call) = ledger.next_call(now) {
         let found = (0..call.keys.len()).map(|i| i % 2 == 0).collect();
         ledger.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
     }
+    ledger.expire(now);
 }
 
 /// A ledger with `n` resolved keys, all referred to by request `ctx`.

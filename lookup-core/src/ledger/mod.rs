@@ -152,10 +152,36 @@ const SHARED_COMPACT_MIN: usize = 64;
 /// When the list doubles it is compacted: sorted, and each duplicate's extra
 /// reference released at once, so it never holds more than twice the keys
 /// it refers to.
+///
+/// A request usually asks for its keys in the same order every step, so a
+/// cursor follows the list: a key found at the cursor (or, the scan having
+/// started again, at the front) is one the request already holds, and no
+/// reference is taken again. Only a key in the list proves membership
+/// (the request's reference keeps the key and its slot alive), so a
+/// cursor gone stale costs a duplicate reference at most, never a wrong one.
 #[derive(Debug, Default)]
 struct SharedRefs {
     slots: Vec<Slot>,
     compact_at: usize,
+    /// Where the next shared key the request asks for probably is.
+    cursor: usize,
+}
+
+impl SharedRefs {
+    /// Whether `slot` is at the cursor or the front of the list (then the
+    /// request holds it); moves the cursor past it.
+    #[inline(always)]
+    fn follows(&mut self, slot: Slot) -> bool {
+        if self.slots.get(self.cursor) == Some(&slot) {
+            self.cursor += 1;
+            true
+        } else if self.slots.first() == Some(&slot) {
+            self.cursor = 1;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// Sorts a request's shared references and releases each duplicate's
@@ -177,6 +203,7 @@ fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
     }
     shared.slots.truncate(kept);
     shared.compact_at = 2 * kept;
+    shared.cursor = 0;
 }
 
 /// How many emptied key lists of cleaned-up requests the ledger keeps for
@@ -387,10 +414,16 @@ impl Ledger {
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
         // already holds (its first verdict also notes the time to it).
-        if let Some((id, _, serial)) = &self.last_request
+        if let Some((id, request, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
-            && state.last_req == *serial
         {
+            if state.last_req != *serial {
+                // The same request, a key it may not hold yet: no need to
+                // find the request again.
+                let (request, serial) = (*request, *serial);
+                self.counters.lookups += 1;
+                return Ok(self.lookup_tracked(found, request, serial, ctx, now));
+            }
             let verdict = match state.phase {
                 Phase::Present => Some(LookupVerdict::Hit),
                 Phase::Absent | Phase::ForcedMiss => Some(LookupVerdict::Miss),
@@ -482,6 +515,21 @@ impl Ledger {
             }
             return LookupVerdict::Pending;
         };
+        self.lookup_tracked(slot, request, serial, ctx, now)
+    }
+
+    /// `lookup` of the tracked key at `slot` by the request at `request`
+    /// (serial `serial`): takes the request's reference if the key's mark
+    /// does not show it holds one, then answers from the entry.
+    #[inline(never)]
+    fn lookup_tracked(
+        &mut self,
+        slot: Slot,
+        request: Slot,
+        serial: u32,
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+    ) -> LookupVerdict {
         let (keys, request_slab) = (&mut self.keys, &mut self.request_slab);
         let Some((state, cold)) = keys.get_both(slot) else {
             return LookupVerdict::Pending; // unreachable: `find` returned it
@@ -491,6 +539,7 @@ impl Ledger {
             state.last_req = serial;
             if cold.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
+                && !req.shared.follows(slot)
             {
                 cold.refs += 1;
                 let shared = &mut req.shared;
@@ -498,6 +547,7 @@ impl Ledger {
                     shared.slots = new_list(&mut self.spare_lists);
                 }
                 shared.slots.push(slot);
+                shared.cursor = shared.slots.len();
                 compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
             }
         }
@@ -1362,12 +1412,19 @@ mod tests {
             .collect();
         let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
         // a creates every key; b shares them, and both ask again in turns,
-        // as waiting requests do every step: each ask of b after a's takes
-        // one more reference, and compaction must release the extra ones
-        // so b's list stays within twice its keys.
+        // as waiting requests do every step, b in an order that changes
+        // every round (its cursor loses track): such an ask of b after a's
+        // takes one more reference, and compaction must release the extra
+        // ones so b's list stays within twice its keys.
         for round in 0..20 {
             for ctx in [&a, &b] {
-                for key in &keys {
+                let reversed = ctx.req_id() == "b" && round % 2 == 1;
+                let order: Vec<&OffloadKey> = if reversed {
+                    keys.iter().rev().collect()
+                } else {
+                    keys.iter().collect()
+                };
+                for key in order {
                     l.lookup(key, ctx, &mut lazy).unwrap();
                 }
             }
@@ -1393,6 +1450,49 @@ mod tests {
             "a still refers to every key"
         );
         l.cleanup("a");
+        assert!(l.is_empty(), "{:?}", l.stats());
+    }
+
+    #[test]
+    fn a_sharer_asking_in_its_usual_order_takes_one_reference() {
+        let mut l = ledger();
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let keys: Vec<OffloadKey> = (0..40u32)
+            .map(|i| OffloadKey::new(&i.to_be_bytes()))
+            .collect();
+        let ctxs: Vec<ReqContext> = ["a", "b", "c", "d"]
+            .into_iter()
+            .map(ReqContext::new)
+            .collect();
+        // Four requests share every key and ask in turns, in the same order
+        // each round (w2's shape): the sharers find their keys at their
+        // cursors (the front again when a round starts) and take no
+        // reference twice.
+        for round in 0..6 {
+            for ctx in &ctxs {
+                for key in &keys {
+                    l.lookup(key, ctx, &mut lazy).unwrap();
+                }
+            }
+            if round == 0 {
+                answer_all(&mut l, now);
+            }
+        }
+        for name in ["b", "c", "d"] {
+            let slot = l.requests[name];
+            let held = l.request_slab.get(slot).unwrap().shared.slots.len();
+            assert_eq!(held, keys.len(), "{name} holds {held} entries");
+        }
+        for key in &keys {
+            let refs = l.keys.cold(l.keys.find(key).unwrap()).unwrap().refs;
+            assert_eq!(refs, 4);
+        }
+        for ctx in &ctxs[..3] {
+            l.cleanup(ctx.req_id());
+        }
+        assert_eq!(l.stats().tracked_keys, keys.len(), "d still holds them");
+        l.cleanup("d");
         assert!(l.is_empty(), "{:?}", l.stats());
     }
 
