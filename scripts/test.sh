@@ -38,6 +38,24 @@ cargo test --workspace --locked --all-features
 echo "== Python package (bindings/python: its own venv, maturin, pytest)"
 bash bindings/python/test.sh
 
+# The wheel is abi3 for CPython >= 3.9, and below 3.10 it takes the plain
+# (non-METH_FASTCALL) call path: run the same suite on a 3.9 when the
+# machine has one (pyenv's, on this project's machines).
+py39=""
+if python3.9 -c 'pass' 2>/dev/null; then
+  py39=python3.9
+else
+  for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.9*/bin/python3.9; do
+    if [ -x "$candidate" ]; then py39="$candidate"; fi
+  done
+fi
+if [ -n "$py39" ]; then
+  echo "== Python package on CPython 3.9 ($py39): the abi3 floor, without fast calls"
+  PYTHON="$py39" KVTIER_PY_VENV=bindings/python/.venv39 bash bindings/python/test.sh
+else
+  echo "== SKIPPED the CPython 3.9 run: no python3.9 on this machine"
+fi
+
 echo "== examples (short runs)"
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 64
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 60 \

@@ -15,7 +15,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-venv="${KVTIER_PY_VENV:-$here/.venv}"
+venv="$(realpath -m "${KVTIER_PY_VENV:-$here/.venv}")"
 python="${PYTHON:-python3}"
 
 # Pinned tools, from the package index.
@@ -26,6 +26,11 @@ REDIS_PY_VERSION=8.1.0
 if [ ! -x "$venv/bin/python" ]; then
     echo "==> creating $venv"
     "$python" -m venv "$venv"
+fi
+# CPython 3.9 (the abi3 floor) needs the last releases that support it.
+if ! "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    PYTEST_VERSION=8.4.2
+    REDIS_PY_VERSION=7.0.1
 fi
 echo "==> installing maturin==$MATURIN_VERSION pytest==$PYTEST_VERSION redis==$REDIS_PY_VERSION"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
