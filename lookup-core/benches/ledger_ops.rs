@@ -58,6 +58,26 @@ fn measured_w2_step(l: &mut Ledger, cohorts: &mut [Cohort], now: Instant) -> usi
 
 type Cohort = Vec<(ReqContext, Vec<OffloadKey>, Vec<bool>)>;
 
+/// Step `step`'s cohort (64 requests × 32 keys), nothing answered yet.
+fn cohort(step: u64) -> Cohort {
+    step_keys(step, 64, 32)
+        .into_iter()
+        .map(|(c, k)| {
+            let n = k.len();
+            (c, k, vec![false; n])
+        })
+        .collect()
+}
+
+/// The lookups a step will make: every key without an answer.
+fn unanswered(active: &[Cohort]) -> usize {
+    active
+        .iter()
+        .flatten()
+        .map(|(_, _, d)| d.iter().filter(|d| !**d).count())
+        .sum()
+}
+
 /// The minimal step loop of `kvbench w2`'s baseline, on the same steps as
 /// `measured_w2_step`: a new key is a get-or-insert into a `HashMap` plus a
 /// push onto its request's batch, a resolved key one `get`, an answer one
@@ -126,22 +146,10 @@ fn main() {
             let mut active: Vec<Cohort> = Vec::new();
             for step in 0..52u64 {
                 if step < 50 {
-                    active.push(
-                        step_keys(step, 64, 32)
-                            .into_iter()
-                            .map(|(c, k)| {
-                                let n = k.len();
-                                (c, k, vec![false; n])
-                            })
-                            .collect(),
-                    );
+                    active.push(cohort(step));
                 }
                 let now = Instant::now();
-                lookups += active
-                    .iter()
-                    .flatten()
-                    .map(|(_, _, d)| d.iter().filter(|d| !**d).count())
-                    .sum::<usize>();
+                lookups += unanswered(&active);
                 black_box(measured_w2_step(&mut l, &mut active, now));
                 active.retain(|cohort| {
                     let done = cohort.iter().all(|(_, _, d)| d.iter().all(|d| *d));
@@ -163,21 +171,9 @@ fn main() {
             let mut active: Vec<Cohort> = Vec::new();
             for step in 0..52u64 {
                 if step < 50 {
-                    active.push(
-                        step_keys(step, 64, 32)
-                            .into_iter()
-                            .map(|(c, k)| {
-                                let n = k.len();
-                                (c, k, vec![false; n])
-                            })
-                            .collect(),
-                    );
+                    active.push(cohort(step));
                 }
-                lookups += active
-                    .iter()
-                    .flatten()
-                    .map(|(_, _, d)| d.iter().filter(|d| !**d).count())
-                    .sum::<usize>();
+                lookups += unanswered(&active);
                 let flushed = measured_base_step(&mut state, &mut active, &mut answers);
                 // The tier's side, outside the count: half the keys present.
                 for keys in flushed {
