@@ -424,21 +424,8 @@ impl Ledger {
                 self.counters.lookups += 1;
                 return Ok(self.lookup_tracked(found, request, serial, ctx, now));
             }
-            let verdict = match state.phase {
-                Phase::Present => Some(LookupVerdict::Hit),
-                Phase::Absent | Phase::ForcedMiss => Some(LookupVerdict::Miss),
-                Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
-                    Some(if state.revalidating {
-                        LookupVerdict::Miss
-                    } else {
-                        LookupVerdict::Pending
-                    })
-                }
-                Phase::Failed => None,
-            };
-            if let Some(verdict) = verdict {
-                let first =
-                    !state.reported && matches!(state.phase, Phase::Present | Phase::Absent);
+            if let Some(verdict) = state.verdict() {
+                let first = state.first_answer();
                 self.counters.lookups += 1;
                 if first {
                     self.first_verdict(found, now);
@@ -551,24 +538,13 @@ impl Ledger {
                 compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
             }
         }
-        let verdict = match state.phase {
-            Phase::Present => LookupVerdict::Hit,
-            Phase::Absent | Phase::ForcedMiss => LookupVerdict::Miss,
-            Phase::Unsubmitted | Phase::Queued | Phase::InFlight => {
-                if state.revalidating {
-                    LookupVerdict::Miss
-                } else {
-                    LookupVerdict::Pending
-                }
+        let Some(verdict) = state.verdict() else {
+            if compact {
+                self.compact_request(request);
             }
-            Phase::Failed => {
-                if compact {
-                    self.compact_request(request);
-                }
-                return self.lookup_failed(slot, request, serial, ctx, now);
-            }
+            return self.lookup_failed(slot, request, serial, ctx, now);
         };
-        if !state.reported && matches!(state.phase, Phase::Present | Phase::Absent) {
+        if state.first_answer() {
             state.reported = true;
             let flushed_at = cold.time;
             self.record_verdict_time(flushed_at, now);

@@ -6,6 +6,7 @@ use hashbrown::HashTable;
 use super::FastMap;
 use super::slab::{Slab, Slot};
 use crate::key::OffloadKey;
+use crate::verdict::LookupVerdict;
 
 /// One probe of one key: its slot and the generation it was submitted under.
 pub(super) type Probe = (Slot, u64);
@@ -60,6 +61,33 @@ pub(super) struct KeyCold {
     /// phase, when the flush that submitted this generation happened, in
     /// ledger ticks plus one; 0 if not flushed.
     pub(super) time: u64,
+}
+
+impl KeyEntry {
+    /// The verdict the entry gives a request that holds it; `None` in phase
+    /// `Failed` (which may start a new probe).
+    #[inline(always)]
+    pub(super) fn verdict(&self) -> Option<LookupVerdict> {
+        match self.phase {
+            Phase::Present => Some(LookupVerdict::Hit),
+            Phase::Absent | Phase::ForcedMiss => Some(LookupVerdict::Miss),
+            // A re-check of a failed probe answers miss, not pending: a
+            // failure never makes a request wait.
+            Phase::Unsubmitted | Phase::Queued | Phase::InFlight => Some(if self.revalidating {
+                LookupVerdict::Miss
+            } else {
+                LookupVerdict::Pending
+            }),
+            Phase::Failed => None,
+        }
+    }
+
+    /// Whether the verdict about to be returned is the key's first answer
+    /// from the tier (to be marked and timed).
+    #[inline(always)]
+    pub(super) fn first_answer(&self) -> bool {
+        !self.reported && matches!(self.phase, Phase::Present | Phase::Absent)
+    }
 }
 
 impl KeyCold {
