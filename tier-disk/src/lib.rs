@@ -173,7 +173,6 @@ struct Writer {
 pub struct DiskTier {
     config: DiskConfig,
     dir: PathBuf,
-    _lock: File,
     /// Read by lookups and loads. Its write lock is taken only by a holder
     /// of `writer`, and only for moments (a slot write, a chunk of an
     /// eviction's clearing, the swap after a rehash): a writer builds a
@@ -193,6 +192,24 @@ pub struct DiskTier {
     #[cfg(test)]
     pause: pause::PauseHook,
     missing_segment_keys: u64,
+    /// Last, so it is released after everything else has closed.
+    _lock: DirLock,
+}
+
+/// The directory's writer lock. Dropping it unlocks explicitly: closing the
+/// descriptor alone would leave the lock held by any copy of it, which a
+/// process forked meanwhile (Python's multiprocessing, or a `Command`
+/// between its fork and its exec) keeps, and the next open would be
+/// refused with [`DiskError::Locked`].
+#[derive(Debug)]
+struct DirLock(File);
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // flock(LOCK_UN) acts on the shared open file description, so it
+        // frees the lock whatever copies of the descriptor live on.
+        let _ = self.0.unlock();
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -230,6 +247,8 @@ impl DiskTier {
                 return Err(DiskError::io("lock", &lock_path, e));
             }
         }
+        // From here on, every return (an error included) unlocks.
+        let lock = DirLock(lock_file);
 
         let mut segments = list_segments(&dir)?;
         if let Some((&id, _)) = segments.range(MAX_SEGMENT_ID + 1..).next() {
@@ -315,7 +334,7 @@ impl DiskTier {
         let total_bytes = segments.values().sum();
         let tier = Self {
             dir,
-            _lock: lock_file,
+            _lock: lock,
             index: RwLock::new(index),
             writer: Mutex::new(Writer {
                 active_id: next_id,
