@@ -12,6 +12,7 @@ use crate::verdict::LookupVerdict;
 pub(super) type Probe = (Slot, u64);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(super) enum Phase {
     /// Looked up since the last flush.
     Unsubmitted,
@@ -26,6 +27,36 @@ pub(super) enum Phase {
     /// `retry_at` (ledger ticks).
     Failed,
 }
+
+/// [`KeyEntry::verdict`] by `phase | revalidating << 3`.
+const VERDICTS: [Option<LookupVerdict>; 16] = {
+    let mut table = [None; 16];
+    let mut i = 0;
+    while i < 16 {
+        let revalidating = i & 8 != 0;
+        table[i] = match i & 7 {
+            p if p == Phase::Present as usize => Some(LookupVerdict::Hit),
+            p if p == Phase::Absent as usize || p == Phase::ForcedMiss as usize => {
+                Some(LookupVerdict::Miss)
+            }
+            // A re-check of a failed probe answers miss, not pending: a
+            // failure never makes a request wait.
+            p if p == Phase::Unsubmitted as usize
+                || p == Phase::Queued as usize
+                || p == Phase::InFlight as usize =>
+            {
+                Some(if revalidating {
+                    LookupVerdict::Miss
+                } else {
+                    LookupVerdict::Pending
+                })
+            }
+            _ => None, // Failed
+        };
+        i += 1;
+    }
+    table
+};
 
 /// A request serial no request has: the "no request" mark of an entry.
 pub(super) const NO_REQUEST: u32 = u32::MAX;
@@ -66,20 +97,15 @@ pub(super) struct KeyCold {
 impl KeyEntry {
     /// The verdict the entry gives a request that holds it; `None` in phase
     /// `Failed` (which may start a new probe).
+    ///
+    /// Read from a table, not matched: resolved keys are hits and misses in
+    /// no order a predictor can learn, and a branch (or jump table) on the
+    /// phase mispredicts about every other lookup; each misprediction throws
+    /// away the loads of the lookups the processor had started ahead, which
+    /// on a table larger than the cache is most of their cost.
     #[inline(always)]
     pub(super) fn verdict(&self) -> Option<LookupVerdict> {
-        match self.phase {
-            Phase::Present => Some(LookupVerdict::Hit),
-            Phase::Absent | Phase::ForcedMiss => Some(LookupVerdict::Miss),
-            // A re-check of a failed probe answers miss, not pending: a
-            // failure never makes a request wait.
-            Phase::Unsubmitted | Phase::Queued | Phase::InFlight => Some(if self.revalidating {
-                LookupVerdict::Miss
-            } else {
-                LookupVerdict::Pending
-            }),
-            Phase::Failed => None,
-        }
+        VERDICTS[(self.phase as usize | (usize::from(self.revalidating) << 3)) & 15]
     }
 
     /// Whether the verdict about to be returned is the key's first answer
