@@ -11,7 +11,7 @@ use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, 
 use kvtier_mock::RequestFault;
 use serde_json::{Value, json};
 
-use crate::common::{quiet_mock, round3};
+use crate::common::{paired_ratio, quiet_mock, round3};
 use crate::{Cli, Failure};
 
 struct Request {
@@ -46,75 +46,169 @@ fn pace_step(cli: &Cli) {
 /// each step looks up every (request, key) without a verdict, flushes, and
 /// sleeps 1 ms. Half of each request's keys are shared by 4 requests, half
 /// of all keys exist in the tier.
+///
+/// Five rounds (three with `--quick`), each the manager's step loop followed
+/// by the minimal step loop over the same cohorts; the per-step figures are
+/// the medians of the rounds' medians, and `ratio` the median of the rounds'
+/// paired ratios, so the machine's drift between rounds cancels out. One
+/// manager serves every round: after a round's cleanup its state is empty,
+/// and the next round's keys are new to it again.
 pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     const REQUESTS: usize = 64;
     const KEYS: usize = 32;
-    const SHARERS: usize = 4;
     const SLOW: Duration = Duration::from_millis(200);
     let cohorts = if cli.quick { 30 } else { 200 };
+    let rounds = if cli.quick { 3 } else { 5 };
     let workload = if slow { "w2-slow" } else { "w2" };
 
     let tier = quiet_mock();
     let mut rng = Rng::new(cli.seed);
-    let mut truth: HashMap<OffloadKey, bool> = HashMap::new();
     let mut next_id = 1u64 << 40;
-    let mut make_key = |truth: &mut HashMap<OffloadKey, bool>| {
+    let mut make_key = || {
         next_id += 1;
         let key = key_from_id(next_id, 32);
         let present = rng.chance(0.5);
         if present {
             tier.insert([key.clone()]);
         }
-        truth.insert(key.clone(), present);
-        key
+        (key, present)
     };
-    let mut pending_cohorts: Vec<Cohort> = Vec::new();
-    for c in 0..cohorts {
-        let shared: Vec<Vec<OffloadKey>> = (0..REQUESTS / SHARERS)
-            .map(|_| (0..KEYS / 2).map(|_| make_key(&mut truth)).collect())
-            .collect();
-        let requests = (0..REQUESTS)
-            .map(|r| {
-                let mut keys = shared[r / SHARERS].clone();
-                keys.extend((0..KEYS / 2).map(|_| make_key(&mut truth)));
-                Request {
-                    ctx: ReqContext::new(format!("c{c}-r{r}")),
-                    present: keys.iter().map(|k| truth[k]).collect(),
-                    keys,
-                    verdicts: vec![None; KEYS],
-                }
-            })
-            .collect();
-        pending_cohorts.push(Cohort {
-            arrival_step: 0,
-            flushed_at: None,
-            requests,
-            remaining: REQUESTS * KEYS,
-        });
-    }
-    if slow {
-        tier.set_request_fault("c0-r0", RequestFault::Delay(SLOW));
-    }
-    // The same cohorts for the minimal step loop, run after the manager's.
-    let plan: Vec<Vec<(Vec<OffloadKey>, Vec<bool>)>> = pending_cohorts
-        .iter()
-        .map(|c| {
-            c.requests
-                .iter()
-                .map(|r| (r.keys.clone(), r.present.clone()))
+    // Per cohort, per request: its keys and whether each exists.
+    let plan: Vec<Vec<(Vec<OffloadKey>, Vec<bool>)>> = (0..cohorts)
+        .map(|_| {
+            let shared: Vec<Vec<(OffloadKey, bool)>> = (0..REQUESTS / SHARERS)
+                .map(|_| (0..KEYS / 2).map(|_| make_key()).collect())
+                .collect();
+            (0..REQUESTS)
+                .map(|r| {
+                    let mut keys = shared[r / SHARERS].clone();
+                    keys.extend((0..KEYS / 2).map(|_| make_key()));
+                    keys.into_iter().unzip()
+                })
                 .collect()
         })
         .collect();
-    pending_cohorts.reverse(); // pop() yields cohort 0 first
+    if slow {
+        tier.set_request_fault("c0-r0", RequestFault::Delay(SLOW));
+    }
 
     let mut m = AsyncLookupManager::from_arc(Arc::clone(&tier), ManagerConfig::named("mock"))?;
+    let mut runs = Vec::new();
+    let (mut sched_p50, mut base_p50, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let run = manager_step_loop(cli, &mut m, &plan, slow)?;
+        let mut base_us = minimal_step_loop(cli, &plan)?;
+        let (ours, base) = (
+            quantile(&mut run.sched_us.clone(), 0.5),
+            quantile(&mut base_us, 0.5),
+        );
+        sched_p50.push(ours);
+        base_p50.push(base);
+        ratios.push(ours / base);
+        runs.push(run);
+    }
+    let stats = m.stats();
+    m.shutdown();
+    let ratio = paired_ratio(&sched_p50, &base_p50);
+    let mut per_round = |f: &dyn Fn(&mut StepRun) -> f64| -> f64 {
+        let mut values: Vec<f64> = runs.iter_mut().map(f).collect();
+        quantile(&mut values, 0.5)
+    };
+    let sched_p99 = per_round(&|r| quantile(&mut r.sched_us, 0.99));
+    let flush = per_round(&|r| quantile(&mut r.flush_us, 0.5));
+    let steps_to_resolve = per_round(&|r| quantile(&mut r.steps_to_resolve, 0.5));
+    let ttv_p50 = per_round(&|r| quantile(&mut r.ttv_us, 0.5));
+    let ttv_p99 = per_round(&|r| quantile(&mut r.ttv_us, 0.99));
+    let slow_ttv = per_round(&|r| quantile(&mut r.slow_ttv_us, 0.5));
+    let verdict_errors: u64 = runs.iter().map(|r| r.verdict_errors).sum();
+    let state_empty = runs.iter().all(|r| r.state_empty);
+    let mut line = json!({
+        "workload": workload,
+        "tier": "mock",
+        "params": { "cohorts": cohorts, "requests_per_step": REQUESTS, "keys_per_request": KEYS,
+                    "key_len": 32, "shared_fraction": 0.5, "sharers_per_key": SHARERS,
+                    "present_fraction": 0.5, "poll_ms": 1, "spin_poll": cli.spin_poll,
+                    "rounds": rounds,
+                    "slow_request_ms": if slow { SLOW.as_millis() as u64 } else { 0 },
+                    "ttv_scope": if slow { "cohorts after the slow one" } else { "all keys" } },
+        "scheduler_us_per_step": round3(quantile(&mut sched_p50, 0.5)),
+        "baseline_us_per_step": round3(quantile(&mut base_p50, 0.5)),
+        "ratio": round3(ratio),
+        "ratio_rounds": ratios.iter().map(|r| round3(*r)).collect::<Vec<_>>(),
+        "baseline": "minimal step loop: HashMap<OffloadKey, u8> get-or-insert and a push per new key, one get per resolved key, answers applied with one get_mut per key, flush moves each request's Vec",
+        "scheduler_us_per_step_p99": round3(sched_p99),
+        "flush_us_per_step": round3(flush),
+        "steps_to_resolve": steps_to_resolve,
+        "ttv_p50_us": round3(ttv_p50),
+        "ttv_p99_us": round3(ttv_p99),
+        "verdict_errors": verdict_errors,
+        "state_empty_after_cleanup": state_empty,
+        "tier_calls": stats.calls_started,
+        "errors": stats.errors + stats.timeouts,
+    });
+    if slow {
+        line["slow_request_ttv_p50_us"] = json!(round3(slow_ttv));
+    }
+    Ok(line)
+}
+
+const SHARERS: usize = 4;
+
+/// What one round of the manager's step loop measured.
+struct StepRun {
+    /// Scheduler time of each step: lookups and flush.
+    sched_us: Vec<f64>,
+    flush_us: Vec<f64>,
+    steps_to_resolve: Vec<f64>,
+    ttv_us: Vec<f64>,
+    /// W2-slow: time to verdict of the slow request's shared keys.
+    slow_ttv_us: Vec<f64>,
+    verdict_errors: u64,
+    /// Whether the manager held nothing once every request was cleaned up
+    /// and its in-flight probes had landed.
+    state_empty: bool,
+}
+
+/// One round of the manager's step loop over `plan`, cohort `c`'s request
+/// `r` named `c{c}-r{r}` (W2-slow's fault is on `c0-r0`).
+fn manager_step_loop(
+    cli: &Cli,
+    m: &mut AsyncLookupManager<kvtier_mock::MockTier>,
+    plan: &[Vec<(Vec<OffloadKey>, Vec<bool>)>],
+    slow: bool,
+) -> Result<StepRun, Failure> {
+    let mut pending_cohorts: Vec<Cohort> = plan
+        .iter()
+        .enumerate()
+        .map(|(c, requests)| Cohort {
+            arrival_step: 0,
+            flushed_at: None,
+            remaining: requests.iter().map(|(keys, _)| keys.len()).sum(),
+            requests: requests
+                .iter()
+                .enumerate()
+                .map(|(r, (keys, present))| Request {
+                    ctx: ReqContext::new(format!("c{c}-r{r}")),
+                    keys: keys.clone(),
+                    present: present.clone(),
+                    verdicts: vec![None; keys.len()],
+                })
+                .collect(),
+        })
+        .collect();
+    pending_cohorts.reverse(); // pop() yields cohort 0 first
+    let mut run = StepRun {
+        sched_us: Vec::new(),
+        flush_us: Vec::new(),
+        steps_to_resolve: Vec::new(),
+        ttv_us: Vec::new(),
+        slow_ttv_us: Vec::new(),
+        verdict_errors: 0,
+        state_empty: false,
+    };
     let mut active: Vec<(usize, Cohort)> = Vec::new();
     let mut step = 0usize;
     let mut next_cohort = 0usize;
-    let (mut sched_us, mut steps_to_resolve, mut ttv_us, mut slow_ttv_us) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut verdict_errors = 0u64;
-    let mut flush_us = Vec::new();
     let started = Instant::now();
     while !(pending_cohorts.is_empty() && active.is_empty()) {
         if started.elapsed() > Duration::from_secs(120) {
@@ -144,14 +238,14 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
                     *verdict = Some(v);
                     cohort.remaining -= 1;
                     if (v == LookupVerdict::Hit) != present {
-                        verdict_errors += 1;
+                        run.verdict_errors += 1;
                     }
                     if let Some(flushed_at) = cohort.flushed_at {
                         let ttv = micros(t0.saturating_duration_since(flushed_at));
                         if slow && *c == 0 && r < SHARERS {
-                            slow_ttv_us.push(ttv);
+                            run.slow_ttv_us.push(ttv);
                         } else if !slow || *c > 0 {
-                            ttv_us.push(ttv);
+                            run.ttv_us.push(ttv);
                         }
                     }
                 }
@@ -160,8 +254,8 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         let t_flush = Instant::now();
         m.flush();
         let t1 = Instant::now();
-        sched_us.push(micros(t1 - t0));
-        flush_us.push(micros(t1 - t_flush));
+        run.sched_us.push(micros(t1 - t0));
+        run.flush_us.push(micros(t1 - t_flush));
         for (_, cohort) in &mut active {
             cohort.flushed_at.get_or_insert(t1);
         }
@@ -169,7 +263,8 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
             if cohort.remaining > 0 {
                 return true;
             }
-            steps_to_resolve.push((step - cohort.arrival_step) as f64);
+            run.steps_to_resolve
+                .push((step - cohort.arrival_step) as f64);
             for req in &cohort.requests {
                 m.cleanup(req.ctx.req_id());
             }
@@ -184,38 +279,8 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         m.drain_results();
         std::thread::sleep(Duration::from_millis(1));
     }
-    let state_empty = m.is_idle();
-    let stats = m.stats();
-    m.shutdown();
-    let mut base_us = minimal_step_loop(cli, &plan)?;
-    let sched_p50 = quantile(&mut sched_us, 0.5);
-    let base_p50 = quantile(&mut base_us, 0.5);
-    let mut line = json!({
-        "workload": workload,
-        "tier": "mock",
-        "params": { "cohorts": cohorts, "requests_per_step": REQUESTS, "keys_per_request": KEYS,
-                    "key_len": 32, "shared_fraction": 0.5, "sharers_per_key": SHARERS,
-                    "present_fraction": 0.5, "poll_ms": 1, "spin_poll": cli.spin_poll,
-                    "slow_request_ms": if slow { SLOW.as_millis() as u64 } else { 0 },
-                    "ttv_scope": if slow { "cohorts after the slow one" } else { "all keys" } },
-        "scheduler_us_per_step": round3(sched_p50),
-        "baseline_us_per_step": round3(base_p50),
-        "ratio": round3(sched_p50 / base_p50),
-        "baseline": "minimal step loop: HashMap<OffloadKey, u8> get-or-insert and a push per new key, one get per resolved key, answers applied with one get_mut per key, flush moves each request's Vec",
-        "scheduler_us_per_step_p99": round3(quantile(&mut sched_us, 0.99)),
-        "flush_us_per_step": round3(quantile(&mut flush_us, 0.5)),
-        "steps_to_resolve": quantile(&mut steps_to_resolve, 0.5),
-        "ttv_p50_us": round3(quantile(&mut ttv_us, 0.5)),
-        "ttv_p99_us": round3(quantile(&mut ttv_us, 0.99)),
-        "verdict_errors": verdict_errors,
-        "state_empty_after_cleanup": state_empty,
-        "tier_calls": stats.calls_started,
-        "errors": stats.errors + stats.timeouts,
-    });
-    if slow {
-        line["slow_request_ttv_p50_us"] = json!(round3(quantile(&mut slow_ttv_us, 0.5)));
-    }
-    Ok(line)
+    run.state_empty = m.is_idle();
+    Ok(run)
 }
 
 /// W2's baseline: the step loop any correct ledger must run, over the same
