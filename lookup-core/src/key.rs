@@ -128,8 +128,18 @@ impl PartialEq for OffloadKey {
                 let diff = x.iter().zip(y).fold(0u8, |acc, (p, q)| acc | (p ^ q));
                 a == b && diff == 0
             }
-            _ => self.as_bytes() == other.as_bytes(),
+            _ => self.eq_bytes(other),
         }
+    }
+}
+
+impl OffloadKey {
+    /// Equality of keys not both inline: out of line and cold, so a lookup's
+    /// compare of inline keys saves no registers for a call.
+    #[cold]
+    #[inline(never)]
+    fn eq_bytes(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
     }
 }
 
