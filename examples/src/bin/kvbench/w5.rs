@@ -202,6 +202,7 @@ pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
         "lookup_during_rehash_max_us": round3(during_rehash.max_us),
         "lookup_during_rehash_service_p99_us": round3(during_rehash.service_p99_us),
         "lookup_during_rehash_no_writer_p99_us": round3(during_rehash.no_writer_p99_us),
+        "lookup_during_rehash_no_writer_service_p99_us": round3(during_rehash.no_writer_service_p99_us),
         "lookup_during_rehash_lookups": during_rehash.lookups,
         "lookup_during_rehash_stores": during_rehash.stores,
         "lookup_during_rehash_rehashes": during_rehash.rehashes,
@@ -227,6 +228,8 @@ struct DuringRehash {
     service_p99_us: f64,
     /// p99 of the same schedule without the writer (the machine alone).
     no_writer_p99_us: f64,
+    /// p99 of the lookups' own time without the writer.
+    no_writer_service_p99_us: f64,
     lookups: usize,
     stores: u64,
     rehashes: u64,
@@ -249,7 +252,7 @@ fn lookups_during_rehash(
     use std::sync::atomic::{AtomicBool, Ordering};
     let tier = Arc::new(DiskTier::open(disk_config(path, FsyncPolicy::Never))?);
     let idle_until = Instant::now() + Duration::from_secs(2);
-    let (mut idle, _) = paced(&tier, batches, || Instant::now() >= idle_until)?;
+    let (mut idle, mut idle_service) = paced(&tier, batches, || Instant::now() >= idle_until)?;
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let (tier, done) = (Arc::clone(&tier), Arc::clone(&done));
@@ -286,6 +289,7 @@ fn lookups_during_rehash(
         max_us: quantile(&mut samples, 1.0),
         service_p99_us: quantile(&mut service, 0.99),
         no_writer_p99_us: quantile(&mut idle, 0.99),
+        no_writer_service_p99_us: quantile(&mut idle_service, 0.99),
         lookups,
         stores,
         rehashes,
