@@ -201,14 +201,37 @@ pub struct DiskTier {
 /// process forked meanwhile (Python's multiprocessing, or a `Command`
 /// between its fork and its exec) keeps, and the next open would be
 /// refused with [`DiskError::Locked`].
+///
+/// The lock belongs to the process that took it: `flock(LOCK_UN)` acts on
+/// the open file description that a forked child shares, so a child that
+/// drops its copy of the tier must not unlock (nor close) the parent's.
 #[derive(Debug)]
-struct DirLock(File);
+struct DirLock {
+    file: File,
+    owner: u32,
+}
+
+impl DirLock {
+    fn new(file: File) -> Self {
+        Self {
+            file,
+            owner: std::process::id(),
+        }
+    }
+
+    /// Whether this process took the lock (not a child forked since).
+    fn held_here(&self) -> bool {
+        std::process::id() == self.owner
+    }
+}
 
 impl Drop for DirLock {
     fn drop(&mut self) {
-        // flock(LOCK_UN) acts on the shared open file description, so it
-        // frees the lock whatever copies of the descriptor live on.
-        let _ = self.0.unlock();
+        if self.held_here() {
+            // flock(LOCK_UN) acts on the shared open file description, so
+            // it frees the lock whatever copies of the descriptor live on.
+            let _ = self.file.unlock();
+        }
     }
 }
 
@@ -248,7 +271,7 @@ impl DiskTier {
             }
         }
         // From here on, every return (an error included) unlocks.
-        let lock = DirLock(lock_file);
+        let lock = DirLock::new(lock_file);
 
         let mut segments = list_segments(&dir)?;
         if let Some((&id, _)) = segments.range(MAX_SEGMENT_ID + 1..).next() {
@@ -481,6 +504,11 @@ impl DiskTier {
 
 impl Drop for DiskTier {
     fn drop(&mut self) {
+        // In a process forked from the one that opened the tier, the files
+        // and their lock are the parent's: leave them as they are.
+        if !self._lock.held_here() {
+            return;
+        }
         if let Err(err) = self.close() {
             tracing::warn!(path = %self.dir.display(), error = %err, "closing the disk tier failed; the next open will recount");
         }

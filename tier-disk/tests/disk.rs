@@ -444,37 +444,3 @@ fn a_large_batch_grows_the_index_once_and_may_evict_its_own_first_blocks() {
         assert_eq!(tier.load_blocking(k).unwrap(), want);
     }
 }
-
-/// A process that forks while the tier is open (Python's multiprocessing,
-/// or any `Command` between its fork and its exec) holds a copy of the lock
-/// file's descriptor. Closing the tier must still free the directory at
-/// once: before, the lock lived as long as that copy, and the next open got
-/// `Locked` (CI saw it when another test spawned `mount` at that moment).
-#[test]
-fn a_closed_tier_frees_its_directory_while_a_forked_child_lives() {
-    let dir = tempfile::tempdir().unwrap();
-    let tier = DiskTier::open(small(dir.path())).unwrap();
-    tier.store_blocking(&key(1), b"kept").unwrap();
-    // SAFETY: the child only calls async-signal-safe functions (pause,
-    // _exit) and is killed below.
-    let child = unsafe { libc::fork() };
-    if child == 0 {
-        loop {
-            // SAFETY: async-signal-safe; the parent kills this process.
-            unsafe { libc::pause() };
-        }
-    }
-    assert!(child > 0, "fork failed");
-    drop(tier);
-    let reopened = DiskTier::open(small(dir.path()));
-    // SAFETY: plain syscalls on the child's pid.
-    unsafe {
-        libc::kill(child, libc::SIGKILL);
-        libc::waitpid(child, std::ptr::null_mut(), 0);
-    }
-    let reopened = reopened.expect("the directory is free once the tier is dropped");
-    assert_eq!(
-        reopened.load_blocking(&key(1)).unwrap(),
-        Some(b"kept".to_vec())
-    );
-}
