@@ -103,7 +103,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     let (mut calls, mut errors) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let before = m.stats();
-        let (run, mut base_us) = if round % 2 == 0 {
+        let (mut run, mut base_us) = if round % 2 == 0 {
             let run = manager_step_loop(cli, &mut m, &plan, slow)?;
             (run, minimal_step_loop(cli, &plan, &mut base_state)?)
         } else {
@@ -114,7 +114,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         calls.push((after.calls_started - before.calls_started) as f64);
         errors.push(((after.errors + after.timeouts) - (before.errors + before.timeouts)) as f64);
         let (ours, base) = (
-            quantile(&mut run.sched_us.clone(), 0.5),
+            quantile(&mut run.sched_us, 0.5),
             quantile(&mut base_us, 0.5),
         );
         sched_p50.push(ours);
@@ -170,6 +170,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
 const SHARERS: usize = 4;
 
 /// What one round of the manager's step loop measured.
+#[derive(Default)]
 struct StepRun {
     /// Scheduler time of each step: lookups and flush.
     sched_us: Vec<f64>,
@@ -212,15 +213,7 @@ fn manager_step_loop(
         })
         .collect();
     pending_cohorts.reverse(); // pop() yields cohort 0 first
-    let mut run = StepRun {
-        sched_us: Vec::new(),
-        flush_us: Vec::new(),
-        steps_to_resolve: Vec::new(),
-        ttv_us: Vec::new(),
-        slow_ttv_us: Vec::new(),
-        verdict_errors: 0,
-        state_empty: false,
-    };
+    let mut run = StepRun::default();
     let mut active: Vec<(usize, Cohort)> = Vec::new();
     let mut step = 0usize;
     let mut next_cohort = 0usize;
