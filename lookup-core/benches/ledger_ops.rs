@@ -7,7 +7,10 @@
 //! valgrind --tool=callgrind --toggle-collect='*measured_*' target/release/deps/ledger_ops-* w1
 //! ```
 //!
-//! `w1`: 1M lookups of 100k resolved keys; `w2`: 50 steps of 64 requests ×
+//! `w1`: 1M lookups of 100k resolved keys; `mw1`: the same through an
+//! `AsyncLookupManager` (as `kvbench w1` runs them); `w1map`: the same lookups in a
+//! bare `HashMap` with the manager's prehashed hasher (to compare `w1`
+//! with); `w2`: 50 steps of 64 requests ×
 //! 32 keys (half shared by 4 requests), each step looking up every key
 //! without a verdict, then flushing, answering and cleaning up finished
 //! requests; `base`: the same steps through `kvbench w2`'s minimal step
@@ -21,7 +24,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use kvtier_core::ledger::{LazyNow, Ledger, LookupVerdict};
-use kvtier_core::{OffloadKey, ReqContext};
+use kvtier_core::testkit::{FaultConfig, FaultTier};
+use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
 
 use common::{flush_and_answer, ledger, resolved, step_keys};
 
@@ -31,6 +35,45 @@ fn measured_w1(l: &mut Ledger, keys: &[OffloadKey], order: &[u32], ctx: &ReqCont
     let mut now = LazyNow::new();
     for &i in order {
         if l.lookup(black_box(&keys[i as usize]), ctx, &mut now) == Ok(LookupVerdict::Hit) {
+            hits += 1;
+        }
+    }
+    hits
+}
+
+/// `measured_w1`'s loop through an [`AsyncLookupManager`], as `kvbench w1`
+/// runs it (the manager's checks for results and shutdown included).
+#[inline(never)]
+fn measured_mw1<T: kvtier_core::Tier>(
+    m: &mut AsyncLookupManager<T>,
+    keys: &[OffloadKey],
+    order: &[u32],
+    ctx: &ReqContext,
+) -> usize {
+    let mut hits = 0;
+    for &i in order {
+        if m.lookup(black_box(&keys[i as usize]), ctx) == Ok(LookupVerdict::Hit) {
+            hits += 1;
+        }
+    }
+    hits
+}
+
+/// `measured_w1`'s loop over a bare `HashMap` of the same keys with the
+/// manager's prehashed hasher: the instruction count to compare `w1` with.
+#[inline(never)]
+fn measured_w1_map(
+    map: &HashMap<OffloadKey, bool, kvtier_core::BuildPrehashed>,
+    keys: &[OffloadKey],
+    order: &[u32],
+) -> usize {
+    let mut hits = 0;
+    for &i in order {
+        if map
+            .get(black_box(&keys[i as usize]))
+            .copied()
+            .unwrap_or(false)
+        {
             hits += 1;
         }
     }
@@ -125,7 +168,7 @@ fn main() {
         .find(|a| !a.starts_with('-'))
         .unwrap_or_else(|| "w1".to_owned());
     match which.as_str() {
-        "w1" => {
+        "w1" | "w1map" => {
             let ctx = ReqContext::new("w1");
             let (mut l, keys) = resolved(100_000, &ctx);
             let mut x = 42u64;
@@ -137,8 +180,57 @@ fn main() {
                     (x % keys.len() as u64) as u32
                 })
                 .collect();
-            let hits = measured_w1(&mut l, &keys, &order, &ctx);
-            println!("w1: {} lookups, {hits} hits", order.len());
+            let hits = if which == "w1" {
+                measured_w1(&mut l, &keys, &order, &ctx)
+            } else {
+                let map: HashMap<OffloadKey, bool, kvtier_core::BuildPrehashed> = keys
+                    .iter()
+                    .map(|k| {
+                        (
+                            k.clone(),
+                            l.lookup(k, &ctx, &mut LazyNow::new()) == Ok(LookupVerdict::Hit),
+                        )
+                    })
+                    .collect();
+                measured_w1_map(&map, &keys, &order)
+            };
+            println!("{which}: {} lookups, {hits} hits", order.len());
+        }
+        "mw1" => {
+            let ctx = ReqContext::new("w1");
+            let keys: Vec<OffloadKey> = (0..100_000).map(common::key).collect();
+            let tier = FaultTier::new(FaultConfig::default());
+            tier.insert(keys.iter().step_by(2).cloned());
+            let mut m = AsyncLookupManager::new(
+                tier,
+                ManagerConfig {
+                    max_queued_keys: 200_000,
+                    ..ManagerConfig::named("mw1")
+                },
+            )
+            .expect("a valid configuration");
+            // Every key is looked up each round, so one flush submits all
+            // still unanswered.
+            while keys
+                .iter()
+                .filter(|k| m.lookup(k, &ctx) == Ok(LookupVerdict::Pending))
+                .count()
+                > 0
+            {
+                m.flush();
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let mut x = 42u64;
+            let order: Vec<u32> = (0..1_000_000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % keys.len() as u64) as u32
+                })
+                .collect();
+            let hits = measured_mw1(&mut m, &keys, &order, &ctx);
+            println!("mw1: {} lookups, {hits} hits", order.len());
         }
         "w2" => {
             let mut l = ledger(1 << 20);
@@ -196,7 +288,7 @@ fn main() {
             println!("base: 50 cohorts, {lookups} lookups");
         }
         other => {
-            eprintln!("ledger_ops: unknown operation {other} (w1, w2, base)");
+            eprintln!("ledger_ops: unknown operation {other} (w1, mw1, w1map, w2, base)");
             std::process::exit(2);
         }
     }
