@@ -424,27 +424,39 @@ impl Ledger {
                 self.counters.lookups += 1;
                 return Ok(self.lookup_tracked(found, request, serial, ctx, now));
             }
-            if let Some(verdict) = state.verdict() {
-                let first = state.first_answer();
+            if let Some(verdict) = state.settled() {
                 self.counters.lookups += 1;
-                if first {
-                    self.first_verdict(found, now);
-                }
                 return Ok(verdict);
             }
+            return Ok(self.lookup_unsettled(key, found, ctx, now));
         }
         Ok(self.lookup_slow(key, Some(found), ctx, now))
     }
 
-    /// Marks the key at `slot` as answered and times its first verdict.
+    /// `lookup` by the previous lookup's request of a key it holds, whose
+    /// verdict is not settled: its first answer (marked and timed), or a
+    /// failed probe's.
     #[inline(never)]
-    fn first_verdict(&mut self, slot: Slot, now: &mut LazyNow) {
+    fn lookup_unsettled(
+        &mut self,
+        key: &OffloadKey,
+        slot: Slot,
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+    ) -> LookupVerdict {
         let Some((state, cold)) = self.keys.get_both(slot) else {
-            return;
+            return LookupVerdict::Pending; // unreachable: `find` returned it
         };
-        state.reported = true;
-        let flushed_at = cold.time;
-        self.record_verdict_time(flushed_at, now);
+        let Some(verdict) = state.verdict() else {
+            return self.lookup_slow(key, Some(slot), ctx, now);
+        };
+        self.counters.lookups += 1;
+        if state.first_answer() {
+            state.reported = true;
+            let flushed_at = cold.time;
+            self.record_verdict_time(flushed_at, now);
+        }
+        verdict
     }
 
     #[cold]

@@ -58,6 +58,23 @@ const VERDICTS: [Option<LookupVerdict>; 16] = {
     table
 };
 
+/// [`KeyEntry::settled`] by `phase | revalidating << 3 | reported << 4`:
+/// [`VERDICTS`], but `None` for a key's first answer from the tier too.
+const SETTLED: [Option<LookupVerdict>; 32] = {
+    let mut table = [None; 32];
+    let mut i = 0;
+    while i < 32 {
+        let phase = i & 7;
+        let first =
+            i & 16 == 0 && (phase == Phase::Present as usize || phase == Phase::Absent as usize);
+        if !first {
+            table[i] = VERDICTS[i & 15];
+        }
+        i += 1;
+    }
+    table
+};
+
 /// A request serial no request has: the "no request" mark of an entry.
 pub(super) const NO_REQUEST: u32 = u32::MAX;
 
@@ -106,6 +123,19 @@ impl KeyEntry {
     #[inline(always)]
     pub(super) fn verdict(&self) -> Option<LookupVerdict> {
         VERDICTS[(self.phase as usize | (usize::from(self.revalidating) << 3)) & 15]
+    }
+
+    /// The verdict when the entry alone gives it: `None` if it is the key's
+    /// first answer from the tier (to be marked and timed; see
+    /// [`first_answer`](Self::first_answer)) or the probe failed (see
+    /// [`verdict`](Self::verdict)). One table read: the common lookup, a
+    /// key that was already answered, takes no branch on its state.
+    #[inline(always)]
+    pub(super) fn settled(&self) -> Option<LookupVerdict> {
+        let i = self.phase as usize
+            | usize::from(self.revalidating) << 3
+            | usize::from(self.reported) << 4;
+        SETTLED[i & 31]
     }
 
     /// Whether the verdict about to be returned is the key's first answer
@@ -258,6 +288,51 @@ impl KeyTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_settled_verdict_is_the_verdict_unless_it_is_the_first_answer() {
+        use Phase::*;
+        for phase in [
+            Unsubmitted,
+            Queued,
+            InFlight,
+            Present,
+            Absent,
+            ForcedMiss,
+            Failed,
+        ] {
+            for (revalidating, reported) in
+                [(false, false), (false, true), (true, false), (true, true)]
+            {
+                let entry = KeyEntry {
+                    key: OffloadKey::new(&[7; 36]),
+                    generation: 0,
+                    last_req: 0,
+                    phase,
+                    reported,
+                    revalidating,
+                };
+                let want = entry.verdict().filter(|_| !entry.first_answer());
+                assert_eq!(entry.settled(), want, "{phase:?} {revalidating} {reported}");
+            }
+        }
+        let answered = |phase, reported| KeyEntry {
+            key: OffloadKey::new(&[7; 36]),
+            generation: 0,
+            last_req: 0,
+            phase,
+            reported,
+            revalidating: false,
+        };
+        assert_eq!(answered(Present, true).settled(), Some(LookupVerdict::Hit));
+        assert_eq!(answered(Present, false).settled(), None);
+        assert_eq!(answered(Absent, true).settled(), Some(LookupVerdict::Miss));
+        assert_eq!(
+            answered(InFlight, false).settled(),
+            Some(LookupVerdict::Pending)
+        );
+        assert_eq!(answered(Failed, true).settled(), None);
+    }
 
     #[test]
     fn a_resolved_lookup_reads_one_cache_line() {
