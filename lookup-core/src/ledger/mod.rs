@@ -418,11 +418,22 @@ impl Ledger {
             && Arc::ptr_eq(id, ctx.req_id_arc())
         {
             if state.last_req != *serial {
-                // The same request, a key it may not hold yet: no need to
-                // find the request again.
+                // Another request asked for the key since. It is held if it
+                // is the next one this request shares, in the order it asked
+                // before (requests that share blocks take turns, so the
+                // key's mark names another one); the mark stays, naming a
+                // request that holds the key too.
                 let (request, serial) = (*request, *serial);
-                self.counters.lookups += 1;
-                return Ok(self.lookup_tracked(found, request, serial, ctx, now));
+                let held = self
+                    .request_slab
+                    .get_mut(request)
+                    .is_some_and(|req| req.shared.follows(found));
+                if !held {
+                    // A key it may not hold yet: no need to find the
+                    // request again.
+                    self.counters.lookups += 1;
+                    return Ok(self.lookup_tracked(found, request, serial, ctx, now));
+                }
             }
             if let Some(verdict) = state.settled() {
                 self.counters.lookups += 1;
