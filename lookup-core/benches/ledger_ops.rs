@@ -7,8 +7,7 @@
 //! valgrind --tool=callgrind --toggle-collect='*measured_*' target/release/deps/ledger_ops-* w1
 //! ```
 //!
-//! `w1`: 1M lookups of 100k resolved keys; `mw1`: the same through an
-//! `AsyncLookupManager` (as `kvbench w1` runs them); `w1map`: the same lookups in a
+//! `w1`: 1M lookups of 100k resolved keys; `w1map`: the same lookups in a
 //! bare `HashMap` with the manager's prehashed hasher (to compare `w1`
 //! with); `w2`: 50 steps of 64 requests ×
 //! 32 keys (half shared by 4 requests), each step looking up every key
@@ -16,6 +15,12 @@
 //! requests; `base`: the same steps through `kvbench w2`'s minimal step
 //! loop (a bare `HashMap`), the instruction count to compare `w2` with.
 //! Prints the number of operations, to divide the count by.
+//!
+//! The manager's own w1 loop (its checks for results and shutdown included)
+//! is `kvbench w1`'s `time_manager`: count it with
+//! `--toggle-collect='*time_manager*' target/release/kvbench w1 --quick`
+//! (500k lookups). It is not here: a second caller of `Ledger::lookup` in
+//! this binary changes what the compiler inlines into `measured_w1`.
 
 mod common;
 
@@ -24,8 +29,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use kvtier_core::ledger::{LazyNow, Ledger, LookupVerdict};
-use kvtier_core::testkit::{FaultConfig, FaultTier};
-use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_core::{OffloadKey, ReqContext};
 
 use common::{flush_and_answer, ledger, resolved, step_keys};
 
@@ -35,24 +39,6 @@ fn measured_w1(l: &mut Ledger, keys: &[OffloadKey], order: &[u32], ctx: &ReqCont
     let mut now = LazyNow::new();
     for &i in order {
         if l.lookup(black_box(&keys[i as usize]), ctx, &mut now) == Ok(LookupVerdict::Hit) {
-            hits += 1;
-        }
-    }
-    hits
-}
-
-/// `measured_w1`'s loop through an [`AsyncLookupManager`], as `kvbench w1`
-/// runs it (the manager's checks for results and shutdown included).
-#[inline(never)]
-fn measured_mw1<T: kvtier_core::Tier>(
-    m: &mut AsyncLookupManager<T>,
-    keys: &[OffloadKey],
-    order: &[u32],
-    ctx: &ReqContext,
-) -> usize {
-    let mut hits = 0;
-    for &i in order {
-        if m.lookup(black_box(&keys[i as usize]), ctx) == Ok(LookupVerdict::Hit) {
             hits += 1;
         }
     }
@@ -196,42 +182,6 @@ fn main() {
             };
             println!("{which}: {} lookups, {hits} hits", order.len());
         }
-        "mw1" => {
-            let ctx = ReqContext::new("w1");
-            let keys: Vec<OffloadKey> = (0..100_000).map(common::key).collect();
-            let tier = FaultTier::new(FaultConfig::default());
-            tier.insert(keys.iter().step_by(2).cloned());
-            let mut m = AsyncLookupManager::new(
-                tier,
-                ManagerConfig {
-                    max_queued_keys: 200_000,
-                    ..ManagerConfig::named("mw1")
-                },
-            )
-            .expect("a valid configuration");
-            // Every key is looked up each round, so one flush submits all
-            // still unanswered.
-            while keys
-                .iter()
-                .filter(|k| m.lookup(k, &ctx) == Ok(LookupVerdict::Pending))
-                .count()
-                > 0
-            {
-                m.flush();
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            let mut x = 42u64;
-            let order: Vec<u32> = (0..1_000_000)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % keys.len() as u64) as u32
-                })
-                .collect();
-            let hits = measured_mw1(&mut m, &keys, &order, &ctx);
-            println!("mw1: {} lookups, {hits} hits", order.len());
-        }
         "w2" => {
             let mut l = ledger(1 << 20);
             let mut lookups = 0usize;
@@ -288,7 +238,7 @@ fn main() {
             println!("base: 50 cohorts, {lookups} lookups");
         }
         other => {
-            eprintln!("ledger_ops: unknown operation {other} (w1, mw1, w1map, w2, base)");
+            eprintln!("ledger_ops: unknown operation {other} (w1, w1map, w2, base)");
             std::process::exit(2);
         }
     }
