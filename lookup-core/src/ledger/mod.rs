@@ -135,7 +135,7 @@ pub use crate::verdict::{LookupVerdict, PrefixVerdict};
 use batch::{Batch, Group, RUN_CAPACITY};
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
 use slab::{Slab, Slot};
-use table::{KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe};
+use table::{KeyCold, KeyEntry, KeyStatus, KeyTable, NO_REQUEST, Phase, Probe};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -463,7 +463,7 @@ impl Ledger {
         };
         self.counters.lookups += 1;
         if state.first_answer() {
-            state.reported = true;
+            state.status.set_reported(true);
             let flushed_at = cold.time;
             self.record_verdict_time(flushed_at, now);
         }
@@ -507,9 +507,7 @@ impl Ledger {
                     key: key.clone(),
                     generation,
                     last_req: serial,
-                    phase: Phase::Unsubmitted,
-                    reported: false,
-                    revalidating: false,
+                    status: KeyStatus::NEW,
                 })
             else {
                 self.counters.deferred += 1;
@@ -568,7 +566,7 @@ impl Ledger {
             return self.lookup_failed(slot, request, serial, ctx, now);
         };
         if state.first_answer() {
-            state.reported = true;
+            state.status.set_reported(true);
             let flushed_at = cold.time;
             self.record_verdict_time(flushed_at, now);
         }
@@ -604,13 +602,13 @@ impl Ledger {
         let Some((state, cold)) = self.keys.get_both(slot) else {
             return LookupVerdict::Miss;
         };
-        let first = !state.reported;
-        state.reported = true;
+        let first = !state.status.reported();
+        state.status.set_reported(true);
         if now_ticks >= cold.time {
             self.next_generation += 1;
             state.generation = generation;
-            state.phase = Phase::Unsubmitted;
-            state.revalidating = true;
+            state.status.set_phase(Phase::Unsubmitted);
+            state.status.set_revalidating(true);
             cold.time = 0;
             self.batch.push(request, serial, ctx, (slot, generation));
             if first {
@@ -799,10 +797,10 @@ impl Ledger {
                 let Some((state, cold)) = keys.probe_both(probe) else {
                     return false;
                 };
-                if state.phase != Phase::Unsubmitted {
+                if !state.status.is(Phase::Unsubmitted) {
                     return false;
                 }
-                state.phase = Phase::Queued;
+                state.status.set_phase(Phase::Queued);
                 cold.time = flushed_at;
                 *queued_keys += 1;
                 true
@@ -909,9 +907,9 @@ impl Ledger {
             for i in 0..n {
                 let probe = probes[i];
                 if let Some(state) = self.keys.probe_mut(probe)
-                    && state.phase == Phase::Queued
+                    && state.status.is(Phase::Queued)
                 {
-                    state.phase = Phase::InFlight;
+                    state.status.set_phase(Phase::InFlight);
                     dst[kept].write(state.key.clone());
                     probes[kept] = probe;
                     kept += 1;
@@ -1061,7 +1059,7 @@ impl Ledger {
         let Some((state, cold)) = self
             .keys
             .probe_both(probe)
-            .filter(|(s, _)| s.phase == Phase::InFlight)
+            .filter(|(s, _)| s.status.is(Phase::InFlight))
         else {
             // Forgotten, re-probed, or forced to miss while in flight:
             // mark_miss wins.
@@ -1079,8 +1077,8 @@ impl Ledger {
         } else if phase == Phase::Failed {
             self.keys.set_failed(probe.0, retry_at);
         } else {
-            state.phase = phase;
-            state.revalidating = false;
+            state.status.set_phase(phase);
+            state.status.set_revalidating(false);
         }
         true
     }
@@ -1128,7 +1126,7 @@ impl Ledger {
                 let expired = self
                     .keys
                     .probe_both(probe)
-                    .is_some_and(|(s, c)| s.phase == Phase::Queued && c.time == flushed_at);
+                    .is_some_and(|(s, c)| s.status.is(Phase::Queued) && c.time == flushed_at);
                 if expired {
                     self.keys.set_failed(probe.0, retry_at);
                     self.counters.timeouts += 1;
@@ -1174,8 +1172,8 @@ impl Ledger {
                 // matters: forget it (a late answer is then dropped).
                 self.keys.remove(slot);
             } else {
-                state.phase = Phase::ForcedMiss;
-                state.reported = true;
+                state.status.set_phase(Phase::ForcedMiss);
+                state.status.set_reported(true);
             }
         }
     }
@@ -1201,7 +1199,7 @@ impl Ledger {
         let release = |keys: &mut KeyTable, slot: Slot| {
             if let Some((state, cold)) = keys.get_both(slot) {
                 cold.refs = cold.refs.saturating_sub(1);
-                if cold.refs == 0 && state.phase != Phase::InFlight {
+                if cold.refs == 0 && !state.status.is(Phase::InFlight) {
                     keys.remove(slot);
                 }
             }

@@ -28,7 +28,7 @@ pub(super) enum Phase {
     Failed,
 }
 
-/// [`KeyEntry::verdict`] by `phase | revalidating << 3`.
+/// [`KeyEntry::verdict`] by the phase and "revalidating" bits of [`KeyStatus`].
 const VERDICTS: [Option<LookupVerdict>; 16] = {
     let mut table = [None; 16];
     let mut i = 0;
@@ -58,7 +58,7 @@ const VERDICTS: [Option<LookupVerdict>; 16] = {
     table
 };
 
-/// [`KeyEntry::settled`] by `phase | revalidating << 3 | reported << 4`:
+/// [`KeyEntry::settled`] by the five bits of [`KeyStatus`]:
 /// [`VERDICTS`], but `None` for a key's first answer from the tier too.
 const SETTLED: [Option<LookupVerdict>; 32] = {
     let mut table = [None; 32];
@@ -87,12 +87,88 @@ pub(super) struct KeyEntry {
     /// The serial of the last request that touched the key: skips the
     /// membership probe when a request asks for its own key again.
     pub(super) last_req: u32,
-    pub(super) phase: Phase,
-    /// Whether a verdict for this generation was already returned.
-    pub(super) reported: bool,
-    /// The previous probe failed and this one re-checks it: answer miss
-    /// (not pending) until it lands, so a failure never makes a request wait.
-    pub(super) revalidating: bool,
+    /// The phase and two flags, in one byte.
+    pub(super) status: KeyStatus,
+}
+
+/// A key's phase and two flags in one byte, so that a lookup reads them in
+/// one load and indexes its verdict table with them as they are: bits 0..3
+/// the [`Phase`], bit 3 "revalidating" (the previous probe failed and this
+/// one re-checks it: answer miss, not pending, until it lands, so a failure
+/// never makes a request wait), bit 4 "reported" (a verdict for this
+/// generation was already returned).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct KeyStatus(u8);
+
+const PHASE_BITS: u8 = 7;
+const REVALIDATING: u8 = 1 << 3;
+const REPORTED: u8 = 1 << 4;
+
+/// [`KeyStatus::phase`] by the phase bits (7 is never stored).
+const PHASES: [Phase; 8] = [
+    Phase::Unsubmitted,
+    Phase::Queued,
+    Phase::InFlight,
+    Phase::Present,
+    Phase::Absent,
+    Phase::ForcedMiss,
+    Phase::Failed,
+    Phase::Failed,
+];
+
+impl KeyStatus {
+    /// A key looked up for the first time: unsubmitted, no flag.
+    pub(super) const NEW: Self = Self(Phase::Unsubmitted as u8);
+
+    #[inline(always)]
+    pub(super) fn phase(self) -> Phase {
+        PHASES[usize::from(self.0 & PHASE_BITS)]
+    }
+
+    #[inline(always)]
+    pub(super) fn is(self, phase: Phase) -> bool {
+        self.0 & PHASE_BITS == phase as u8
+    }
+
+    #[inline(always)]
+    pub(super) fn set_phase(&mut self, phase: Phase) {
+        self.0 = (self.0 & !PHASE_BITS) | phase as u8;
+    }
+
+    #[inline(always)]
+    pub(super) fn reported(self) -> bool {
+        self.0 & REPORTED != 0
+    }
+
+    #[inline(always)]
+    pub(super) fn set_reported(&mut self, on: bool) {
+        self.set(REPORTED, on);
+    }
+
+    #[inline(always)]
+    pub(super) fn revalidating(self) -> bool {
+        self.0 & REVALIDATING != 0
+    }
+
+    #[inline(always)]
+    pub(super) fn set_revalidating(&mut self, on: bool) {
+        self.set(REVALIDATING, on);
+    }
+
+    #[inline(always)]
+    fn set(&mut self, bit: u8, on: bool) {
+        self.0 = if on { self.0 | bit } else { self.0 & !bit };
+    }
+}
+
+impl std::fmt::Debug for KeyStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyStatus")
+            .field("phase", &self.phase())
+            .field("revalidating", &self.revalidating())
+            .field("reported", &self.reported())
+            .finish()
+    }
 }
 
 /// The cold part of a tracked key, at the same slot as its [`KeyEntry`].
@@ -122,7 +198,7 @@ impl KeyEntry {
     /// on a table larger than the cache is most of their cost.
     #[inline(always)]
     pub(super) fn verdict(&self) -> Option<LookupVerdict> {
-        VERDICTS[(self.phase as usize | (usize::from(self.revalidating) << 3)) & 15]
+        VERDICTS[usize::from(self.status.0 & (PHASE_BITS | REVALIDATING))]
     }
 
     /// The verdict when the entry alone gives it: `None` if it is the key's
@@ -132,17 +208,14 @@ impl KeyEntry {
     /// key that was already answered, takes no branch on its state.
     #[inline(always)]
     pub(super) fn settled(&self) -> Option<LookupVerdict> {
-        let i = self.phase as usize
-            | usize::from(self.revalidating) << 3
-            | usize::from(self.reported) << 4;
-        SETTLED[i & 31]
+        SETTLED[usize::from(self.status.0 & (PHASE_BITS | REVALIDATING | REPORTED))]
     }
 
     /// Whether the verdict about to be returned is the key's first answer
     /// from the tier (to be marked and timed).
     #[inline(always)]
     pub(super) fn first_answer(&self) -> bool {
-        !self.reported && matches!(self.phase, Phase::Present | Phase::Absent)
+        !self.status.reported() && (self.status.is(Phase::Present) || self.status.is(Phase::Absent))
     }
 }
 
@@ -257,10 +330,10 @@ impl KeyTable {
         let Some((state, cold)) = self.slab.get_both(slot) else {
             return;
         };
-        state.phase = Phase::Failed;
-        state.revalidating = false;
+        state.status.set_phase(Phase::Failed);
+        state.status.set_revalidating(false);
         let flushed_at = std::mem::replace(&mut cold.time, retry_at);
-        if !state.reported {
+        if !state.status.reported() {
             self.failed_flushed_at.insert(slot, flushed_at);
         }
     }
@@ -289,41 +362,84 @@ impl KeyTable {
 mod tests {
     use super::*;
 
+    const ALL_PHASES: [Phase; 7] = [
+        Phase::Unsubmitted,
+        Phase::Queued,
+        Phase::InFlight,
+        Phase::Present,
+        Phase::Absent,
+        Phase::ForcedMiss,
+        Phase::Failed,
+    ];
+
+    fn entry(phase: Phase, revalidating: bool, reported: bool) -> KeyEntry {
+        let mut status = KeyStatus::NEW;
+        status.set_phase(phase);
+        status.set_revalidating(revalidating);
+        status.set_reported(reported);
+        KeyEntry {
+            key: OffloadKey::new(&[7; 36]),
+            generation: 0,
+            last_req: 0,
+            status,
+        }
+    }
+
     #[test]
-    fn a_settled_verdict_is_the_verdict_unless_it_is_the_first_answer() {
-        use Phase::*;
-        for phase in [
-            Unsubmitted,
-            Queued,
-            InFlight,
-            Present,
-            Absent,
-            ForcedMiss,
-            Failed,
-        ] {
+    fn a_status_keeps_its_phase_and_flags_apart() {
+        for phase in ALL_PHASES {
             for (revalidating, reported) in
                 [(false, false), (false, true), (true, false), (true, true)]
             {
-                let entry = KeyEntry {
-                    key: OffloadKey::new(&[7; 36]),
-                    generation: 0,
-                    last_req: 0,
-                    phase,
-                    reported,
-                    revalidating,
-                };
+                let mut s = entry(phase, revalidating, reported).status;
+                assert_eq!(s.phase(), phase);
+                assert!(s.is(phase));
+                assert_eq!((s.revalidating(), s.reported()), (revalidating, reported));
+                for other in ALL_PHASES {
+                    s.set_phase(other);
+                    assert_eq!(s.phase(), other);
+                    assert_eq!((s.revalidating(), s.reported()), (revalidating, reported));
+                }
+                s.set_reported(!reported);
+                assert_eq!((s.revalidating(), s.reported()), (revalidating, !reported));
+                s.set_revalidating(!revalidating);
+                assert_eq!((s.revalidating(), s.reported()), (!revalidating, !reported));
+                assert_eq!(s.phase(), Phase::Failed);
+            }
+        }
+        assert_eq!(KeyStatus::NEW.phase(), Phase::Unsubmitted);
+        assert!(!KeyStatus::NEW.reported() && !KeyStatus::NEW.revalidating());
+    }
+
+    #[test]
+    fn a_settled_verdict_is_the_verdict_unless_it_is_the_first_answer() {
+        use Phase::*;
+        for phase in ALL_PHASES {
+            for (revalidating, reported) in
+                [(false, false), (false, true), (true, false), (true, true)]
+            {
+                let entry = entry(phase, revalidating, reported);
                 let want = entry.verdict().filter(|_| !entry.first_answer());
                 assert_eq!(entry.settled(), want, "{phase:?} {revalidating} {reported}");
             }
         }
-        let answered = |phase, reported| KeyEntry {
-            key: OffloadKey::new(&[7; 36]),
-            generation: 0,
-            last_req: 0,
-            phase,
-            reported,
-            revalidating: false,
-        };
+        let answered = |phase, reported| entry(phase, false, reported);
+        assert_eq!(
+            entry(Present, false, false).verdict(),
+            Some(LookupVerdict::Hit)
+        );
+        assert_eq!(
+            entry(Queued, true, false).verdict(),
+            Some(LookupVerdict::Miss)
+        );
+        assert_eq!(
+            entry(Queued, false, false).verdict(),
+            Some(LookupVerdict::Pending)
+        );
+        assert_eq!(entry(Failed, false, true).verdict(), None);
+        assert!(entry(Absent, false, false).first_answer());
+        assert!(!entry(Absent, false, true).first_answer());
+        assert!(!entry(ForcedMiss, false, false).first_answer());
         assert_eq!(answered(Present, true).settled(), Some(LookupVerdict::Hit));
         assert_eq!(answered(Present, false).settled(), None);
         assert_eq!(answered(Absent, true).settled(), Some(LookupVerdict::Miss));
