@@ -261,16 +261,25 @@ impl<T: Tier> AsyncLookupManager<T> {
         self.ledger.lookup_prefix(keys, ctx, &mut LazyNow::new())
     }
 
+    /// One load on the common path: the flag is raised when results wait,
+    /// and stays raised once the manager is shut down.
     #[inline]
     fn before_lookup(&mut self) -> Result<(), LookupError> {
         if self.ready.load(Ordering::Acquire) {
-            self.drain_results();
+            return self.results_or_shut_down();
         }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn results_or_shut_down(&mut self) -> Result<(), LookupError> {
         if self.shutdown.is_some() {
             return Err(LookupError::ShutDown {
                 tier: self.ledger.tier_name().to_owned(),
             });
         }
+        self.drain_results();
         Ok(())
     }
 
@@ -303,7 +312,9 @@ impl<T: Tier> AsyncLookupManager<T> {
     }
 
     fn apply_results(&mut self, now: Instant) {
-        self.ready.store(false, Ordering::Release);
+        if self.shutdown.is_none() {
+            self.ready.store(false, Ordering::Release);
+        }
         while let Ok(finished) = self.results.try_recv() {
             self.ledger
                 .complete(finished.id, finished.outcome, finished.elapsed, now);
@@ -445,6 +456,10 @@ impl<T: Tier> AsyncLookupManager<T> {
             elapsed: started.elapsed(),
         };
         self.shutdown = Some(report);
+        // Raised for good (a flag of its own: the worker's may be lowered by
+        // nobody now, but a detached worker could still raise it): every
+        // lookup takes the slow path, which refuses it.
+        self.ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
         report
     }
 

@@ -613,6 +613,11 @@ fn shutdown_is_bounded_and_idempotent_when_a_tier_call_hangs() {
         })
     );
     m.flush(); // a no-op
+    m.drain_results();
+    assert!(
+        m.lookup(&key(1), &ctx).is_err(),
+        "draining results after shutdown must not let lookups through"
+    );
     m.cleanup("a");
     assert!(m.is_idle());
 }
