@@ -456,10 +456,9 @@ impl<T: Tier> AsyncLookupManager<T> {
             elapsed: started.elapsed(),
         };
         self.shutdown = Some(report);
-        // Raised for good (a flag of its own: the worker's may be lowered by
-        // nobody now, but a detached worker could still raise it): every
-        // lookup takes the slow path, which refuses it.
-        self.ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        // Raised for good (apply_results no longer lowers it): every lookup
+        // takes the slow path, which refuses it.
+        self.ready.store(true, Ordering::Release);
         report
     }
 

@@ -417,13 +417,15 @@ impl Ledger {
         if let Some((id, request, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
         {
-            if state.last_req != *serial {
+            let (request, serial) = (*request, *serial);
+            let settled = state.settled();
+            if state.last_req != serial {
                 // Another request asked for the key since. It is held if it
                 // is the next one this request shares, in the order it asked
                 // before (requests that share blocks take turns, so the
-                // key's mark names another one); the mark stays, naming a
-                // request that holds the key too.
-                let (request, serial) = (*request, *serial);
+                // key's mark names another one); then the mark names this
+                // request, so that asking again (a prefix scan, then a
+                // lookup) finds it marked rather than past the cursor.
                 let held = self
                     .request_slab
                     .get_mut(request)
@@ -434,8 +436,9 @@ impl Ledger {
                     self.counters.lookups += 1;
                     return Ok(self.lookup_tracked(found, request, serial, ctx, now));
                 }
+                self.keys.mark(found, serial);
             }
-            if let Some(verdict) = state.settled() {
+            if let Some(verdict) = settled {
                 self.counters.lookups += 1;
                 return Ok(verdict);
             }
@@ -1490,6 +1493,47 @@ mod tests {
         }
         assert_eq!(l.stats().tracked_keys, keys.len(), "d still holds them");
         l.cleanup("d");
+        assert!(l.is_empty(), "{:?}", l.stats());
+    }
+
+    #[test]
+    fn a_sharer_asking_for_each_key_twice_in_a_row_takes_one_reference() {
+        let mut l = ledger();
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let keys: Vec<OffloadKey> = (0..40u32)
+            .map(|i| OffloadKey::new(&i.to_be_bytes()))
+            .collect();
+        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+        // `b` shares `a`'s keys and asks for each one twice in a row (a
+        // prefix scan, then a lookup of the same key): the second ask of a
+        // key it found at its cursor is the same request asking again.
+        for round in 0..6 {
+            for key in &keys {
+                l.lookup(key, &a, &mut lazy).unwrap();
+            }
+            for key in &keys {
+                l.lookup(key, &b, &mut lazy).unwrap();
+                l.lookup(key, &b, &mut lazy).unwrap();
+            }
+            if round == 0 {
+                answer_all(&mut l, now);
+            }
+        }
+        let held = l
+            .request_slab
+            .get(l.requests["b"])
+            .unwrap()
+            .shared
+            .slots
+            .len();
+        assert_eq!(held, keys.len(), "b holds {held} entries");
+        for key in &keys {
+            let refs = l.keys.cold(l.keys.find(key).unwrap()).unwrap().refs;
+            assert_eq!(refs, 2);
+        }
+        l.cleanup("a");
+        l.cleanup("b");
         assert!(l.is_empty(), "{:?}", l.stats());
     }
 
