@@ -168,12 +168,23 @@ struct SharedRefs {
 }
 
 impl SharedRefs {
-    /// Whether `slot` is at the cursor or the front of the list (then the
-    /// request holds it); moves the cursor past it.
+    /// Whether `slot` is at the cursor, just before it (asked for again: a
+    /// prefix scan, then a lookup; a failed key's re-check) or at the front
+    /// of the list; then the request holds it, and the cursor moves past it.
     #[inline(always)]
     fn follows(&mut self, slot: Slot) -> bool {
         if self.slots.get(self.cursor) == Some(&slot) {
             self.cursor += 1;
+            true
+        } else {
+            self.follows_not_next(slot)
+        }
+    }
+
+    /// [`follows`](Self::follows) for a key not at the cursor.
+    #[inline]
+    fn follows_not_next(&mut self, slot: Slot) -> bool {
+        if self.cursor > 0 && self.slots.get(self.cursor - 1) == Some(&slot) {
             true
         } else if self.slots.first() == Some(&slot) {
             self.cursor = 1;
@@ -417,15 +428,14 @@ impl Ledger {
         if let Some((id, request, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
         {
-            let (request, serial) = (*request, *serial);
-            let settled = state.settled();
-            if state.last_req != serial {
+            if state.last_req != *serial {
                 // Another request asked for the key since. It is held if it
                 // is the next one this request shares, in the order it asked
-                // before (requests that share blocks take turns, so the
-                // key's mark names another one); then the mark names this
-                // request, so that asking again (a prefix scan, then a
-                // lookup) finds it marked rather than past the cursor.
+                // before, or the one it just asked for (requests that share
+                // blocks take turns, so the key's mark names another one).
+                // The mark stays: it names a request that holds the key too,
+                // most often its creator, whose own asks then stay here.
+                let (request, serial) = (*request, *serial);
                 let held = self
                     .request_slab
                     .get_mut(request)
@@ -436,9 +446,8 @@ impl Ledger {
                     self.counters.lookups += 1;
                     return Ok(self.lookup_tracked(found, request, serial, ctx, now));
                 }
-                self.keys.mark(found, serial);
             }
-            if let Some(verdict) = settled {
+            if let Some(verdict) = state.settled() {
                 self.counters.lookups += 1;
                 return Ok(verdict);
             }
@@ -1518,6 +1527,48 @@ mod tests {
             }
             if round == 0 {
                 answer_all(&mut l, now);
+            }
+        }
+        let held = l
+            .request_slab
+            .get(l.requests["b"])
+            .unwrap()
+            .shared
+            .slots
+            .len();
+        assert_eq!(held, keys.len(), "b holds {held} entries");
+        for key in &keys {
+            let refs = l.keys.cold(l.keys.find(key).unwrap()).unwrap().refs;
+            assert_eq!(refs, 2);
+        }
+        l.cleanup("a");
+        l.cleanup("b");
+        assert!(l.is_empty(), "{:?}", l.stats());
+    }
+
+    #[test]
+    fn a_sharer_asking_for_failed_keys_in_its_usual_order_takes_one_reference() {
+        let mut l = ledger();
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let keys: Vec<OffloadKey> = (0..40u32)
+            .map(|i| OffloadKey::new(&i.to_be_bytes()))
+            .collect();
+        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+        // Every probe fails; within the back-off each lookup answers miss
+        // through the failed-key path, which checks membership again.
+        for round in 0..6 {
+            for ctx in [&a, &b] {
+                for key in &keys {
+                    l.lookup(key, ctx, &mut lazy).unwrap();
+                }
+            }
+            if round == 0 {
+                l.flush(now);
+                while let Some(call) = l.next_call(now) {
+                    let failed = TierError::new(TierErrorKind::Unavailable, "down");
+                    l.complete(call.id, CallOutcome::Failed(failed), Duration::ZERO, now);
+                }
             }
         }
         let held = l

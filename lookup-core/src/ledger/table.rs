@@ -294,15 +294,6 @@ impl KeyTable {
         }
     }
 
-    /// Marks the entry at `slot` as last asked for by the request with
-    /// serial `serial` (which holds it).
-    #[inline(always)]
-    pub(super) fn mark(&mut self, slot: Slot, serial: u32) {
-        if let Some(entry) = self.slab.get_mut(slot) {
-            entry.last_req = serial;
-        }
-    }
-
     /// Both parts of the entry at `slot`.
     #[inline]
     pub(super) fn get_both(&mut self, slot: Slot) -> Option<(&mut KeyEntry, &mut KeyCold)> {
