@@ -1462,14 +1462,35 @@ mod tests {
         assert!(l.is_empty(), "{:?}", l.stats());
     }
 
+    fn forty_keys() -> Vec<OffloadKey> {
+        (0..40u32)
+            .map(|i| OffloadKey::new(&i.to_be_bytes()))
+            .collect()
+    }
+
+    /// Each of the `sharers` has one entry per key on its shared list, and
+    /// each key `refs` references.
+    fn assert_each_shared_key_held_once(
+        l: &Ledger,
+        sharers: &[&str],
+        keys: &[OffloadKey],
+        refs: u32,
+    ) {
+        for name in sharers {
+            let slot = l.requests[*name];
+            let held = l.request_slab.get(slot).unwrap().shared.slots.len();
+            assert_eq!(held, keys.len(), "{name} holds {held} entries");
+        }
+        for key in keys {
+            let cold = l.keys.cold(l.keys.find(key).unwrap()).unwrap();
+            assert_eq!(cold.refs, refs);
+        }
+    }
+
     #[test]
     fn a_sharer_asking_in_its_usual_order_takes_one_reference() {
-        let mut l = ledger();
-        let now = Instant::now();
+        let (mut l, now, keys) = (ledger(), Instant::now(), forty_keys());
         let mut lazy = LazyNow::at(now);
-        let keys: Vec<OffloadKey> = (0..40u32)
-            .map(|i| OffloadKey::new(&i.to_be_bytes()))
-            .collect();
         let ctxs: Vec<ReqContext> = ["a", "b", "c", "d"]
             .into_iter()
             .map(ReqContext::new)
@@ -1488,15 +1509,7 @@ mod tests {
                 answer_all(&mut l, now);
             }
         }
-        for name in ["b", "c", "d"] {
-            let slot = l.requests[name];
-            let held = l.request_slab.get(slot).unwrap().shared.slots.len();
-            assert_eq!(held, keys.len(), "{name} holds {held} entries");
-        }
-        for key in &keys {
-            let refs = l.keys.cold(l.keys.find(key).unwrap()).unwrap().refs;
-            assert_eq!(refs, 4);
-        }
+        assert_each_shared_key_held_once(&l, &["b", "c", "d"], &keys, 4);
         for ctx in &ctxs[..3] {
             l.cleanup(ctx.req_id());
         }
@@ -1507,12 +1520,8 @@ mod tests {
 
     #[test]
     fn a_sharer_asking_for_each_key_twice_in_a_row_takes_one_reference() {
-        let mut l = ledger();
-        let now = Instant::now();
+        let (mut l, now, keys) = (ledger(), Instant::now(), forty_keys());
         let mut lazy = LazyNow::at(now);
-        let keys: Vec<OffloadKey> = (0..40u32)
-            .map(|i| OffloadKey::new(&i.to_be_bytes()))
-            .collect();
         let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
         // `b` shares `a`'s keys and asks for each one twice in a row (a
         // prefix scan, then a lookup of the same key): the second ask of a
@@ -1529,18 +1538,7 @@ mod tests {
                 answer_all(&mut l, now);
             }
         }
-        let held = l
-            .request_slab
-            .get(l.requests["b"])
-            .unwrap()
-            .shared
-            .slots
-            .len();
-        assert_eq!(held, keys.len(), "b holds {held} entries");
-        for key in &keys {
-            let refs = l.keys.cold(l.keys.find(key).unwrap()).unwrap().refs;
-            assert_eq!(refs, 2);
-        }
+        assert_each_shared_key_held_once(&l, &["b"], &keys, 2);
         l.cleanup("a");
         l.cleanup("b");
         assert!(l.is_empty(), "{:?}", l.stats());
@@ -1548,12 +1546,8 @@ mod tests {
 
     #[test]
     fn a_sharer_asking_for_failed_keys_in_its_usual_order_takes_one_reference() {
-        let mut l = ledger();
-        let now = Instant::now();
+        let (mut l, now, keys) = (ledger(), Instant::now(), forty_keys());
         let mut lazy = LazyNow::at(now);
-        let keys: Vec<OffloadKey> = (0..40u32)
-            .map(|i| OffloadKey::new(&i.to_be_bytes()))
-            .collect();
         let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
         // Every probe fails; within the back-off each lookup answers miss
         // through the failed-key path, which checks membership again.
@@ -1571,18 +1565,7 @@ mod tests {
                 }
             }
         }
-        let held = l
-            .request_slab
-            .get(l.requests["b"])
-            .unwrap()
-            .shared
-            .slots
-            .len();
-        assert_eq!(held, keys.len(), "b holds {held} entries");
-        for key in &keys {
-            let refs = l.keys.cold(l.keys.find(key).unwrap()).unwrap().refs;
-            assert_eq!(refs, 2);
-        }
+        assert_each_shared_key_held_once(&l, &["b"], &keys, 2);
         l.cleanup("a");
         l.cleanup("b");
         assert!(l.is_empty(), "{:?}", l.stats());
