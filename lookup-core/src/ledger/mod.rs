@@ -428,58 +428,28 @@ impl Ledger {
         if let Some((id, request, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
         {
-            if state.last_req != *serial {
-                // Another request asked for the key since. It is held if it
-                // is the next one this request shares, in the order it asked
-                // before, or the one it just asked for (requests that share
-                // blocks take turns, so the key's mark names another one).
-                // The mark stays: it names a request that holds the key too,
-                // most often its creator, whose own asks then stay here.
-                let (request, serial) = (*request, *serial);
-                let held = self
+            let (request, serial) = (*request, *serial);
+            self.counters.lookups += 1;
+            // The key is held if its mark names this request or, when
+            // another request asked for it since (requests that share blocks
+            // take turns, so the mark names another one), if it is the next
+            // one this request shares, in the order it asked before, or the
+            // one it just asked for. The mark stays: it names a request that
+            // holds the key too, most often its creator, whose own asks then
+            // stay here.
+            let held = state.last_req == serial
+                || self
                     .request_slab
                     .get_mut(request)
                     .is_some_and(|req| req.shared.follows(found));
-                if !held {
-                    // A key it may not hold yet: no need to find the
-                    // request again.
-                    self.counters.lookups += 1;
-                    return Ok(self.lookup_tracked(found, request, serial, ctx, now));
-                }
-            }
-            if let Some(verdict) = state.settled() {
-                self.counters.lookups += 1;
+            if held && let Some(verdict) = state.settled() {
                 return Ok(verdict);
             }
-            return Ok(self.lookup_unsettled(key, found, ctx, now));
+            // A key it may not hold yet, its first answer (to be marked and
+            // timed) or a failed probe's: no need to find the request again.
+            return Ok(self.lookup_tracked(found, request, serial, ctx, now));
         }
         Ok(self.lookup_slow(key, Some(found), ctx, now))
-    }
-
-    /// `lookup` by the previous lookup's request of a key it holds, whose
-    /// verdict is not settled: its first answer (marked and timed), or a
-    /// failed probe's.
-    #[inline(never)]
-    fn lookup_unsettled(
-        &mut self,
-        key: &OffloadKey,
-        slot: Slot,
-        ctx: &ReqContext,
-        now: &mut LazyNow,
-    ) -> LookupVerdict {
-        let Some((state, cold)) = self.keys.get_both(slot) else {
-            return LookupVerdict::Pending; // unreachable: `find` returned it
-        };
-        let Some(verdict) = state.verdict() else {
-            return self.lookup_slow(key, Some(slot), ctx, now);
-        };
-        self.counters.lookups += 1;
-        if state.first_answer() {
-            state.status.set_reported(true);
-            let flushed_at = cold.time;
-            self.record_verdict_time(flushed_at, now);
-        }
-        verdict
     }
 
     #[cold]
