@@ -217,6 +217,9 @@ fn manager_step_loop(
     let mut active: Vec<(usize, Cohort)> = Vec::new();
     let mut step = 0usize;
     let mut next_cohort = 0usize;
+    // (time to verdict, keys, whether of the slow request's sharers) of
+    // each request answered in the step, recorded after the step's window.
+    let mut waited: Vec<(f64, usize, bool)> = Vec::new();
     let started = Instant::now();
     while !(pending_cohorts.is_empty() && active.is_empty()) {
         if started.elapsed() > Duration::from_secs(120) {
@@ -229,7 +232,14 @@ fn manager_step_loop(
         }
         let t0 = Instant::now();
         for (c, cohort) in &mut active {
+            // Every key of the cohort answered this step waited as long:
+            // one time per cohort, and the samples are recorded after the
+            // step's timed window (the baseline has no such bookkeeping).
+            let ttv = cohort
+                .flushed_at
+                .map(|flushed_at| micros(t0.saturating_duration_since(flushed_at)));
             for (r, req) in cohort.requests.iter_mut().enumerate() {
+                let mut answered = 0usize;
                 for ((key, verdict), &present) in req
                     .keys
                     .iter()
@@ -248,13 +258,14 @@ fn manager_step_loop(
                     if (v == LookupVerdict::Hit) != present {
                         run.verdict_errors += 1;
                     }
-                    if let Some(flushed_at) = cohort.flushed_at {
-                        let ttv = micros(t0.saturating_duration_since(flushed_at));
-                        if slow && *c == 0 && r < SHARERS {
-                            run.slow_ttv_us.push(ttv);
-                        } else if !slow || *c > 0 {
-                            run.ttv_us.push(ttv);
-                        }
+                    answered += 1;
+                }
+                if let Some(ttv) = ttv
+                    && answered > 0
+                {
+                    let slow_sharer = slow && *c == 0 && r < SHARERS;
+                    if slow_sharer || !slow || *c > 0 {
+                        waited.push((ttv, answered, slow_sharer));
                     }
                 }
             }
@@ -264,6 +275,14 @@ fn manager_step_loop(
         let t1 = Instant::now();
         run.sched_us.push(micros(t1 - t0));
         run.flush_us.push(micros(t1 - t_flush));
+        for (ttv, n, slow_sharer) in waited.drain(..) {
+            let samples = if slow_sharer {
+                &mut run.slow_ttv_us
+            } else {
+                &mut run.ttv_us
+            };
+            samples.extend(std::iter::repeat_n(ttv, n));
+        }
         for (_, cohort) in &mut active {
             cohort.flushed_at.get_or_insert(t1);
         }
