@@ -26,10 +26,28 @@ pub const INLINE_KEY_CAPACITY: usize = 38;
 /// Length limits are a property of the manager or the tier, not of the key:
 /// [`AsyncLookupManager`](crate::AsyncLookupManager) rejects keys longer than
 /// its configured maximum with [`LookupError::InvalidKey`](crate::LookupError::InvalidKey).
-#[derive(Clone)]
 pub struct OffloadKey {
     hash: u64,
     repr: Repr,
+}
+
+impl Clone for OffloadKey {
+    /// A bitwise copy for an inline key (48 bytes, no reference to count),
+    /// a reference-count increment for a long one.
+    #[inline]
+    fn clone(&self) -> Self {
+        match &self.repr {
+            // SAFETY: an inline key owns nothing (no heap, no count): its
+            // bytes are a complete, independent value, and the inline
+            // variant's fields (two bytes and a byte array) leave no
+            // padding, so every byte read is initialised.
+            Repr::Inline { .. } => unsafe { std::ptr::read(self) },
+            Repr::Shared(bytes) => Self {
+                hash: self.hash,
+                repr: Repr::Shared(Arc::clone(bytes)),
+            },
+        }
+    }
 }
 
 fn process_hasher() -> &'static foldhash::quality::FixedState {
@@ -39,6 +57,10 @@ fn process_hasher() -> &'static foldhash::quality::FixedState {
         foldhash::quality::FixedState::with_seed(seed)
     })
 }
+
+// The inline variant fills the whole enum (tag, length, bytes): no padding,
+// which `OffloadKey::clone`'s bitwise copy relies on.
+const _: () = assert!(std::mem::size_of::<Repr>() == 2 + INLINE_KEY_CAPACITY);
 
 #[derive(Clone)]
 enum Repr {
@@ -345,6 +367,24 @@ mod tests {
             repr: long.repr.clone(),
         };
         assert_ne!(short, forged);
+    }
+
+    #[test]
+    fn a_clone_is_the_same_key_and_outlives_the_original() {
+        for bytes in [
+            vec![3u8; 36],
+            vec![0u8; 1],
+            vec![9u8; INLINE_KEY_CAPACITY],
+            vec![4u8; 100],
+        ] {
+            let key = OffloadKey::new(&bytes);
+            let copy = key.clone();
+            assert_eq!(copy, key);
+            assert_eq!(copy.prehash(), key.prehash());
+            drop(key);
+            assert_eq!(copy.as_bytes(), &bytes[..]);
+            assert_eq!(copy, OffloadKey::new(&bytes));
+        }
     }
 
     #[test]
