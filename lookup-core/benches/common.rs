@@ -36,8 +36,9 @@ pub fn ledger(max_queued: usize) -> Ledger {
 /// what is past its deadline, as the manager does after applying answers
 /// (`AsyncLookupManager::flush` and every drain).
 pub fn flush_and_answer(ledger: &mut Ledger, now: Instant) {
-    ledger.flush(now);
-    while let Some(call) = ledger.next_call(now) {
+    let mut calls = Vec::new();
+    ledger.flush_and_start(now, &mut calls);
+    for call in calls {
         let found = (0..call.keys.len()).map(|i| i % 2 == 0).collect();
         ledger.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
     }

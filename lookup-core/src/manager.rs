@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use crate::config::ManagerConfig;
 use crate::error::{LookupError, ManagerError, TierError, TierErrorKind};
 use crate::key::{OffloadKey, ReqContext};
-use crate::ledger::{CallOutcome, LazyNow, Ledger, LookupVerdict, PrefixVerdict};
+use crate::ledger::{CallOutcome, LazyNow, Ledger, LookupVerdict, PrefixVerdict, TierCall};
 use crate::metrics::TierMetrics;
 use crate::runtime::Spawner;
 use crate::stats::ManagerStats;
@@ -293,8 +293,9 @@ impl<T: Tier> AsyncLookupManager<T> {
         }
         let now = Instant::now();
         self.apply_results(now);
-        self.ledger.flush(now);
-        self.start_calls(now);
+        let mut calls = Vec::new();
+        self.ledger.flush_and_start(now, &mut calls);
+        self.send_calls(calls, now);
         self.metrics.publish(&self.ledger.metrics_view(), now);
     }
 
@@ -325,11 +326,18 @@ impl<T: Tier> AsyncLookupManager<T> {
     fn start_calls(&mut self, now: Instant) {
         let mut calls = Vec::new();
         while let Some(call) = self.ledger.next_call(now) {
-            self.metrics.call_started(call.keys.len());
             calls.push(call);
         }
+        self.send_calls(calls, now);
+    }
+
+    /// Hands started calls to the worker in one message.
+    fn send_calls(&mut self, calls: Vec<TierCall>, now: Instant) {
         if calls.is_empty() {
             return;
+        }
+        for call in &calls {
+            self.metrics.call_started(call.keys.len());
         }
         if let Err(calls) = self.worker.send(calls) {
             // The worker is gone: never leave keys pending forever.

@@ -39,15 +39,38 @@ const BACKOFF_MS: u64 = 50;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Lookup { req: u8, key: u8 },
-    Prefix { req: u8, start: u8, len: u8 },
+    Lookup {
+        req: u8,
+        key: u8,
+    },
+    Prefix {
+        req: u8,
+        start: u8,
+        len: u8,
+    },
     Flush,
     StartCalls,
-    Deliver { pick: usize, how: Answer },
-    Advance { ms: u64 },
-    Cleanup { req: u8 },
-    MarkMiss { key: u8 },
-    SetTruth { key: u8, present: bool },
+    /// `Ledger::flush_and_start`, what the manager does at each step (or,
+    /// in a harness with `fused == false`, `flush` then `next_call` until
+    /// none: the two must agree).
+    FlushAndStart,
+    Deliver {
+        pick: usize,
+        how: Answer,
+    },
+    Advance {
+        ms: u64,
+    },
+    Cleanup {
+        req: u8,
+    },
+    MarkMiss {
+        key: u8,
+    },
+    SetTruth {
+        key: u8,
+        present: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -63,6 +86,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..REQS, 0..KEYS, 1..=KEYS).prop_map(|(req, start, len)| Op::Prefix { req, start, len }),
         3 => Just(Op::Flush),
         3 => Just(Op::StartCalls),
+        3 => Just(Op::FlushAndStart),
         5 => (any::<usize>(), prop_oneof![6 => Just(Answer::Correct), 1 => Just(Answer::Failed), 1 => Just(Answer::Short)])
             .prop_map(|(pick, how)| Op::Deliver { pick, how }),
         2 => (0..=2 * TIMEOUT_MS).prop_map(|ms| Op::Advance { ms }),
@@ -187,6 +211,9 @@ struct Harness {
     /// each key was ever present in the tier.
     tenants: bool,
     ever_present: [bool; KEYS as usize],
+    /// Whether `FlushAndStart` calls `flush_and_start` (else `flush`, then
+    /// `next_call` until none).
+    fused: bool,
 }
 
 /// The key of `block` for `tenant`: the tenant's salt goes into the block
@@ -264,11 +291,21 @@ impl Harness {
             ids: (0..KEYS).map(|k| (OffloadKey::new(&[k; 36]), k)).collect(),
             tenants: false,
             ever_present: [false; KEYS as usize],
+            fused: true,
         }
     }
 
     fn start_calls(&mut self) -> Result<(), TestCaseError> {
+        let mut calls = Vec::new();
         while let Some(call) = self.ledger.next_call(self.now) {
+            calls.push(call);
+        }
+        self.take_calls(calls)
+    }
+
+    /// Checks calls just started against the model and keeps them.
+    fn take_calls(&mut self, calls: Vec<TierCall>) -> Result<(), TestCaseError> {
+        for call in calls {
             let ids: Vec<u8> = call.keys.iter().map(|k| self.key_id(k)).collect();
             prop_assert!(
                 !ids.is_empty() && ids.len() <= 3,
@@ -390,16 +427,20 @@ impl Harness {
             }
             Op::Flush => {
                 self.ledger.flush(self.now);
-                for entry in self.model.keys.values_mut() {
-                    if entry.phase == MPhase::Waiting
-                        && entry.call.is_none()
-                        && entry.flushed_at.is_none()
-                    {
-                        entry.flushed_at = Some(self.now);
-                    }
-                }
+                self.model_flush();
             }
             Op::StartCalls => self.start_calls()?,
+            Op::FlushAndStart if self.fused => {
+                let mut calls = Vec::new();
+                self.ledger.flush_and_start(self.now, &mut calls);
+                self.model_flush();
+                self.take_calls(calls)?;
+            }
+            Op::FlushAndStart => {
+                self.ledger.flush(self.now);
+                self.model_flush();
+                self.start_calls()?;
+            }
             Op::Deliver { pick, how } => self.deliver(pick, how),
             Op::Advance { ms } => self.advance(ms),
             Op::Cleanup { req } => {
@@ -429,6 +470,32 @@ impl Harness {
         );
         Ok(())
     }
+}
+
+impl Harness {
+    /// The model's side of a flush: waiting keys not in a call are flushed.
+    fn model_flush(&mut self) {
+        for entry in self.model.keys.values_mut() {
+            if entry.phase == MPhase::Waiting && entry.call.is_none() && entry.flushed_at.is_none()
+            {
+                entry.flushed_at = Some(self.now);
+            }
+        }
+    }
+}
+
+/// A call as handed out: id, keys, request, deadline.
+type HandedOut = (CallId, Vec<OffloadKey>, String, Instant);
+
+/// What a harness's ledger has handed out and counted so far, to compare
+/// two harnesses: its calls (id, keys, request, deadline) and its stats.
+fn handed_out(h: &Harness) -> (Vec<HandedOut>, String) {
+    let calls = h
+        .calls
+        .iter()
+        .map(|c| (c.id, c.keys.to_vec(), c.ctx.req_id().to_owned(), c.deadline))
+        .collect();
+    (calls, format!("{:?}", h.ledger.stats()))
 }
 
 /// Runs `ops`, then winds down: every request finishes, every call is
@@ -463,6 +530,27 @@ proptest! {
     #[test]
     fn ledger_matches_the_model(ops in proptest::collection::vec(op(), 1..120)) {
         run(Harness::new(), &ops)?;
+    }
+
+    /// `flush_and_start` hands out the same calls (ids, keys, requests,
+    /// deadlines) and leaves the same counts as `flush` followed by
+    /// `next_call` until none, whatever came before: backlogs, limits,
+    /// splits, keys cleaned up or forced to miss, failures.
+    #[test]
+    fn flush_and_start_is_flush_then_next_call(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut stepwise = Harness::new();
+        let fused = Harness::new();
+        stepwise.fused = false;
+        // One clock for both, read after both ledgers were made (a time
+        // before a ledger's epoch counts as the epoch): deadlines and
+        // times to verdict compare exactly.
+        stepwise.now = fused.now;
+        let mut fused = fused;
+        for op in &ops {
+            fused.apply(op)?;
+            stepwise.apply(op)?;
+            prop_assert_eq!(handed_out(&fused), handed_out(&stepwise), "after {:?}", op);
+        }
     }
 
     /// Tenants with salted keys over one ledger and a tier whose truth

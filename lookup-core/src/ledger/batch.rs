@@ -19,6 +19,13 @@ const SPARE_RUNS: usize = 64;
 pub(super) struct Batch {
     pub(super) runs: Vec<BatchRun>,
     pub(super) len: usize,
+    /// Counts the flushes: a request's `batch_epoch` equal to it means the
+    /// request already has a run in this batch.
+    pub(super) epoch: u64,
+    /// Whether a request has two runs in this batch (its lookups were
+    /// interleaved with another's): a flush then merges them into one call
+    /// and cannot start any run's call on its own.
+    pub(super) interleaved: bool,
     /// Emptied probe vectors of answered calls, reused by new runs: a step
     /// then allocates no vector per request.
     spare: Vec<Vec<Probe>>,
@@ -33,13 +40,27 @@ pub(super) struct BatchRun {
 }
 
 impl Batch {
+    /// Adds `probe` to the request's current run; `true` if it started a
+    /// new run (see `interleaved`).
     #[inline(always)]
-    pub(super) fn push(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
-        match self.runs.last_mut() {
-            Some(run) if run.request == (request, serial) => run.probes.push(probe),
-            _ => self.new_run(request, serial, ctx, probe),
-        }
+    pub(super) fn push(
+        &mut self,
+        request: Slot,
+        serial: u32,
+        ctx: &ReqContext,
+        probe: Probe,
+    ) -> bool {
         self.len += 1;
+        match self.runs.last_mut() {
+            Some(run) if run.request == (request, serial) => {
+                run.probes.push(probe);
+                false
+            }
+            _ => {
+                self.new_run(request, serial, ctx, probe);
+                true
+            }
+        }
     }
 
     #[inline(never)]
@@ -72,10 +93,14 @@ impl Batch {
         self.len == 0
     }
 
+    /// The runs, and whether a request has two of them; the next batch
+    /// starts empty, in a new epoch.
     #[inline]
-    pub(super) fn take(&mut self) -> Vec<BatchRun> {
+    pub(super) fn take(&mut self) -> (Vec<BatchRun>, bool) {
         self.len = 0;
-        std::mem::take(&mut self.runs)
+        self.epoch += 1;
+        let interleaved = std::mem::take(&mut self.interleaved);
+        (std::mem::take(&mut self.runs), interleaved)
     }
 }
 

@@ -229,6 +229,25 @@ fn new_list(spare: &mut Vec<Vec<Slot>>) -> Vec<Slot> {
         .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
 }
 
+/// A call's key list from `buf`, whose first `kept` values were written.
+#[inline]
+fn call_keys(buf: Arc<[MaybeUninit<OffloadKey>]>, kept: usize) -> Arc<[OffloadKey]> {
+    if kept == buf.len() {
+        // SAFETY: all `buf.len()` values were written.
+        unsafe { buf.assume_init() }
+    } else {
+        // Some keys left before their call (rare): move the `kept` written
+        // values into a list of their own; `buf` then drops without
+        // dropping them (`MaybeUninit` never drops its value).
+        buf[..kept]
+            .iter()
+            // SAFETY: values `0..kept` were written, and each is read
+            // (moved out) exactly once.
+            .map(|key| unsafe { key.assume_init_read() })
+            .collect()
+    }
+}
+
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
@@ -263,12 +282,25 @@ struct RequestEntry {
     /// The sequence number of this request's group still waiting in
     /// `ready`, if any (a flush tops it up instead of queueing another).
     queued_group: Option<u64>,
+    /// The batch epoch of this request's last run (see `Batch::epoch`).
+    batch_epoch: u64,
+}
+
+impl RequestEntry {
+    /// Notes that the request started a run in `batch`: its second one in
+    /// the batch makes the batch interleaved.
+    #[inline]
+    fn note_run(&mut self, batch: &mut Batch) {
+        if self.batch_epoch == batch.epoch {
+            batch.interleaved = true;
+        }
+        self.batch_epoch = batch.epoch;
+    }
 }
 
 #[derive(Debug)]
 struct RunningCall {
     step: u64,
-    keys: Arc<[OffloadKey]>,
     probes: Vec<Probe>,
 }
 
@@ -442,14 +474,37 @@ impl Ledger {
                     .request_slab
                     .get_mut(request)
                     .is_some_and(|req| req.shared.follows(found));
-            if held && let Some(verdict) = state.settled() {
-                return Ok(verdict);
+            if held {
+                if let Some(verdict) = state.settled() {
+                    return Ok(verdict);
+                }
+                if let Some(verdict) = self.first_answer_in_run(found) {
+                    return Ok(verdict);
+                }
             }
             // A key it may not hold yet, its first answer (to be marked and
             // timed) or a failed probe's: no need to find the request again.
             return Ok(self.lookup_tracked(found, request, serial, ctx, now));
         }
         Ok(self.lookup_slow(key, Some(found), ctx, now))
+    }
+
+    /// The first answer of the key at `slot`, held by the asking request,
+    /// when it joins the open run of first verdicts (its keys flushed
+    /// together: a step reading its cohort's answers): marked reported and
+    /// counted in the run, without leaving the fast path. `None` for any
+    /// other case (a run to start, a failed probe), which `lookup_tracked`
+    /// handles.
+    #[inline(always)]
+    fn first_answer_in_run(&mut self, slot: Slot) -> Option<LookupVerdict> {
+        let run = &mut self.verdict_run;
+        let (state, cold) = self.keys.get_both(slot)?;
+        if run.flushed_at == 0 || cold.time != run.flushed_at || !state.first_answer() {
+            return None;
+        }
+        state.status.set_reported(true);
+        run.held += 1;
+        state.verdict()
     }
 
     #[cold]
@@ -496,8 +551,11 @@ impl Ledger {
                 return LookupVerdict::Pending;
             };
             self.next_generation += 1;
-            self.batch.push(request, serial, ctx, (slot, generation));
+            let new_run = self.batch.push(request, serial, ctx, (slot, generation));
             if let Some(req) = self.request_slab.get_mut(request) {
+                if new_run {
+                    req.note_run(&mut self.batch);
+                }
                 if req.created.capacity() == 0 {
                     req.created = new_list(&mut self.spare_lists);
                 }
@@ -592,7 +650,11 @@ impl Ledger {
             state.status.set_phase(Phase::Unsubmitted);
             state.status.set_revalidating(true);
             cold.time = 0;
-            self.batch.push(request, serial, ctx, (slot, generation));
+            if self.batch.push(request, serial, ctx, (slot, generation))
+                && let Some(req) = self.request_slab.get_mut(request)
+            {
+                req.note_run(&mut self.batch);
+            }
             if first {
                 self.keys.failed_flushed_at.remove(&slot);
             }
@@ -709,6 +771,7 @@ impl Ledger {
                         created: Vec::new(),
                         shared: SharedRefs::default(),
                         queued_group: None,
+                        batch_epoch: u64::MAX,
                     },
                     (),
                 )?;
@@ -759,6 +822,26 @@ impl Ledger {
     /// gets the new keys added to it (up to `max_keys_per_call`), so a
     /// backlog coalesces instead of growing a call per step.
     pub fn flush(&mut self, now: Instant) {
+        self.flush_runs(now, None);
+    }
+
+    /// [`flush`](Self::flush), then every call [`next_call`](Self::next_call)
+    /// would hand out at the same `now`, appended to `calls`: the same
+    /// calls, ids and state as those two, in less work. When no group was
+    /// waiting before the flush, a request's keys that can start at once
+    /// go from the flush batch straight into their call, in one pass over
+    /// them, without being queued first; the rest are queued and started
+    /// as `next_call` would.
+    pub fn flush_and_start(&mut self, now: Instant, calls: &mut Vec<TierCall>) {
+        self.flush_runs(now, Some(&mut *calls));
+        while let Some(call) = self.next_call(now) {
+            calls.push(call);
+        }
+    }
+
+    /// `flush`, starting each run's call directly while `start` is given,
+    /// no group waits and the limits allow (see `flush_and_start`).
+    fn flush_runs(&mut self, now: Instant, mut start: Option<&mut Vec<TierCall>>) {
         self.end_verdict_run();
         self.time_to_verdict.settle();
         self.call_latency.settle();
@@ -769,8 +852,33 @@ impl Ledger {
         let flushed_at = ticks(self.epoch, now) + 1;
         let queue_deadline = ticks(self.epoch, now + self.call_timeout);
         let mut new_groups = 0usize;
+        let mut step_started = false;
         let max = self.max_keys_per_call;
-        for run in self.batch.take() {
+        let (runs, interleaved) = self.batch.take();
+        if interleaved {
+            // A request's runs are merged into one group (see below).
+            start = None;
+        }
+        for run in runs {
+            // Started at once if `next_call` would start it right after this
+            // flush: nothing waits ahead of it, no later run of the request
+            // would join it, and the limits allow a call.
+            if let Some(calls) = start.as_deref_mut()
+                && self.ready.is_empty()
+                && run.probes.len() <= max
+                && self.running.len() < self.max_calls_in_flight
+                && (step_started || self.started_steps < self.max_steps_in_flight)
+            {
+                if let Some(call) = self.start_run(run, step, flushed_at, now) {
+                    if !step_started {
+                        step_started = true;
+                        self.started_steps += 1;
+                    }
+                    new_groups += 1;
+                    calls.push(call);
+                }
+                continue;
+            }
             // Queue the run's keys still waiting for this flush (a key may
             // have been cleaned up, forced to miss or re-probed since).
             let mut probes = run.probes;
@@ -847,9 +955,82 @@ impl Ledger {
                 step,
                 StepState {
                     outstanding: new_groups,
-                    started: false,
+                    started: step_started,
                 },
             );
+        }
+    }
+
+    /// Starts the call of one flushed run, in one pass over its keys: each
+    /// still waiting for this flush moves straight to in flight, with its
+    /// flush time, and is copied into the call's list. `None` if none is
+    /// left (cleaned up, forced to miss or re-probed since its lookup).
+    fn start_run(
+        &mut self,
+        run: batch::BatchRun,
+        step: u64,
+        flushed_at: u64,
+        now: Instant,
+    ) -> Option<TierCall> {
+        let mut probes = run.probes;
+        let n = probes.len();
+        let mut buf: Arc<[MaybeUninit<OffloadKey>]> = Arc::new_uninit_slice(n);
+        let Some(dst) = Arc::get_mut(&mut buf) else {
+            unreachable!("a new Arc has no other reference");
+        };
+        let mut kept = 0;
+        for i in 0..n {
+            let probe = probes[i];
+            if let Some((state, cold)) = self.keys.probe_both(probe)
+                && state.status.is(Phase::Unsubmitted)
+            {
+                state.status.set_phase(Phase::InFlight);
+                cold.time = flushed_at;
+                dst[kept].write(state.key.clone());
+                probes[kept] = probe;
+                kept += 1;
+            }
+        }
+        probes.truncate(kept);
+        if kept == 0 {
+            self.batch.recycle(probes);
+            return None;
+        }
+        if let Some(request) = self
+            .request_slab
+            .get_mut(run.request.0)
+            .filter(|r| r.serial == run.request.1)
+        {
+            // Nothing waits in `ready`: a recorded group is gone.
+            request.queued_group = None;
+        }
+        // The seq a queued group would have taken, so that later groups
+        // are numbered as if this run had been queued and started.
+        self.next_group_seq += 1;
+        let keys = call_keys(buf, kept);
+        Some(self.register_call(step, probes, keys, run.ctx, now))
+    }
+
+    /// Records a call about to be handed out, running from `now`.
+    fn register_call(
+        &mut self,
+        step: u64,
+        probes: Vec<Probe>,
+        keys: Arc<[OffloadKey]>,
+        ctx: ReqContext,
+        now: Instant,
+    ) -> TierCall {
+        let id = CallId(self.next_call);
+        self.next_call += 1;
+        let deadline = now + self.call_timeout;
+        self.running.insert(id, RunningCall { step, probes });
+        self.deadlines.push_back((deadline, id));
+        self.counters.calls_started += 1;
+        TierCall {
+            id,
+            keys,
+            ctx,
+            deadline,
         }
     }
 
@@ -903,45 +1084,14 @@ impl Ledger {
                 self.finish_group(group.step);
                 continue;
             }
-            let keys: Arc<[OffloadKey]> = if kept == n {
-                // SAFETY: the loop wrote all `n` values.
-                unsafe { buf.assume_init() }
-            } else {
-                // Some keys left while queued (rare): move the `kept`
-                // written values into a list of their own; `buf` then drops
-                // without dropping them (`MaybeUninit` never drops its value).
-                dst[..kept]
-                    .iter()
-                    // SAFETY: the loop wrote values `0..kept`, and each is
-                    // read (moved out) exactly once.
-                    .map(|key| unsafe { key.assume_init_read() })
-                    .collect()
-            };
+            let keys = call_keys(buf, kept);
             if let Some(step) = self.steps.get_mut(&group.step)
                 && !step.started
             {
                 step.started = true;
                 self.started_steps += 1;
             }
-            let id = CallId(self.next_call);
-            self.next_call += 1;
-            let deadline = now + self.call_timeout;
-            self.running.insert(
-                id,
-                RunningCall {
-                    step: group.step,
-                    keys: Arc::clone(&keys),
-                    probes,
-                },
-            );
-            self.deadlines.push_back((deadline, id));
-            self.counters.calls_started += 1;
-            return Some(TierCall {
-                id,
-                keys,
-                ctx: group.ctx,
-                deadline,
-            });
+            return Some(self.register_call(group.step, probes, keys, group.ctx, now));
         }
     }
 
@@ -970,7 +1120,7 @@ impl Ledger {
         self.call_latency.record(elapsed);
 
         let failure = match outcome {
-            CallOutcome::Answered(found) if found.len() == call.keys.len() => {
+            CallOutcome::Answered(found) if found.len() == call.probes.len() => {
                 for (&probe, present) in call.probes.iter().zip(found) {
                     let phase = if present {
                         Phase::Present
@@ -985,7 +1135,7 @@ impl Ledger {
             CallOutcome::Answered(found) => {
                 tracing::warn!(
                     tier = %self.tier,
-                    keys = call.keys.len(),
+                    keys = call.probes.len(),
                     results = found.len(),
                     "tier answered with the wrong number of results; resolving its keys as errors"
                 );
@@ -993,13 +1143,13 @@ impl Ledger {
                     format!(
                         "answered {} results for {} keys",
                         found.len(),
-                        call.keys.len()
+                        call.probes.len()
                     )
                 });
                 TierErrorKind::WrongResultCount
             }
             CallOutcome::Failed(err) => {
-                tracing::warn!(tier = %self.tier, keys = call.keys.len(), error = %err, "tier call failed");
+                tracing::warn!(tier = %self.tier, keys = call.probes.len(), error = %err, "tier call failed");
                 self.counters
                     .first_error
                     .get_or_insert_with(|| crate::error::one_line(&err));
@@ -1008,7 +1158,7 @@ impl Ledger {
             CallOutcome::TimedOut => {
                 tracing::warn!(
                     tier = %self.tier,
-                    keys = call.keys.len(),
+                    keys = call.probes.len(),
                     timeout_ms = self.call_timeout.as_millis() as u64,
                     "tier call exceeded its deadline"
                 );
@@ -1287,7 +1437,7 @@ impl Ledger {
             calls_started: c.calls_started,
             calls_finished: c.calls_finished,
             tracked_keys: self.keys.len(),
-            in_flight_keys: self.running.values().map(|c| c.keys.len()).sum(),
+            in_flight_keys: self.running.values().map(|c| c.probes.len()).sum(),
             queued_keys: self.queued_keys + self.batch.len,
             tracked_requests: self.requests.len(),
             tier_call_latency: self.call_latency.summary(),
