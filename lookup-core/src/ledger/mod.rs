@@ -973,29 +973,11 @@ impl Ledger {
         now: Instant,
     ) -> Option<TierCall> {
         let mut probes = run.probes;
-        let n = probes.len();
-        let mut buf: Arc<[MaybeUninit<OffloadKey>]> = Arc::new_uninit_slice(n);
-        let Some(dst) = Arc::get_mut(&mut buf) else {
-            unreachable!("a new Arc has no other reference");
-        };
-        let mut kept = 0;
-        for i in 0..n {
-            let probe = probes[i];
-            if let Some((state, cold)) = self.keys.probe_both(probe)
-                && state.status.is(Phase::Unsubmitted)
-            {
-                state.status.set_phase(Phase::InFlight);
-                cold.time = flushed_at;
-                dst[kept].write(state.key.clone());
-                probes[kept] = probe;
-                kept += 1;
-            }
-        }
-        probes.truncate(kept);
-        if kept == 0 {
+        let Some(keys) = self.move_in_flight(&mut probes, Phase::Unsubmitted, Some(flushed_at))
+        else {
             self.batch.recycle(probes);
             return None;
-        }
+        };
         if let Some(request) = self
             .request_slab
             .get_mut(run.request.0)
@@ -1007,8 +989,41 @@ impl Ledger {
         // The seq a queued group would have taken, so that later groups
         // are numbered as if this run had been queued and started.
         self.next_group_seq += 1;
-        let keys = call_keys(buf, kept);
         Some(self.register_call(step, probes, keys, run.ctx, now))
+    }
+
+    /// Moves each key of `probes` still in phase `from` to in flight (with
+    /// its flush time, when given) and copies it into a call's list, in one
+    /// pass; `probes` keeps those keys only. `None` if none was left.
+    #[inline(always)]
+    fn move_in_flight(
+        &mut self,
+        probes: &mut Vec<Probe>,
+        from: Phase,
+        flushed_at: Option<u64>,
+    ) -> Option<Arc<[OffloadKey]>> {
+        let n = probes.len();
+        let mut buf: Arc<[MaybeUninit<OffloadKey>]> = Arc::new_uninit_slice(n);
+        let Some(dst) = Arc::get_mut(&mut buf) else {
+            unreachable!("a new Arc has no other reference");
+        };
+        let mut kept = 0;
+        for i in 0..n {
+            let probe = probes[i];
+            if let Some((state, cold)) = self.keys.probe_both(probe)
+                && state.status.is(from)
+            {
+                state.status.set_phase(Phase::InFlight);
+                if let Some(time) = flushed_at {
+                    cold.time = time;
+                }
+                dst[kept].write(state.key.clone());
+                probes[kept] = probe;
+                kept += 1;
+            }
+        }
+        probes.truncate(kept);
+        (kept > 0).then(|| call_keys(buf, kept))
     }
 
     /// Records a call about to be handed out, running from `now`.
@@ -1061,30 +1076,11 @@ impl Ledger {
             // into the call's list in the same pass: one copy per key, no
             // intermediate vector.
             let mut probes = group.probes;
-            let n = probes.len();
-            let mut buf: Arc<[MaybeUninit<OffloadKey>]> = Arc::new_uninit_slice(n);
-            let Some(dst) = Arc::get_mut(&mut buf) else {
-                unreachable!("a new Arc has no other reference");
-            };
-            let mut kept = 0;
-            for i in 0..n {
-                let probe = probes[i];
-                if let Some(state) = self.keys.probe_mut(probe)
-                    && state.status.is(Phase::Queued)
-                {
-                    state.status.set_phase(Phase::InFlight);
-                    dst[kept].write(state.key.clone());
-                    probes[kept] = probe;
-                    kept += 1;
-                }
-            }
-            probes.truncate(kept);
-            if kept == 0 {
+            let Some(keys) = self.move_in_flight(&mut probes, Phase::Queued, None) else {
                 // Every key was cleaned up or forced to miss while waiting.
                 self.finish_group(group.step);
                 continue;
-            }
-            let keys = call_keys(buf, kept);
+            };
             if let Some(step) = self.steps.get_mut(&group.step)
                 && !step.started
             {

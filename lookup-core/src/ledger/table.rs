@@ -306,16 +306,8 @@ impl KeyTable {
         self.slab.cold(slot)
     }
 
-    /// The entry at `slot` if it still holds probe `generation` (generations
-    /// are never reused, so this also proves it is the same key).
-    #[inline]
-    pub(super) fn probe_mut(&mut self, (slot, generation): Probe) -> Option<&mut KeyEntry> {
-        self.slab
-            .get_mut(slot)
-            .filter(|entry| entry.generation == generation)
-    }
-
-    /// Both parts of the entry at `slot` if it still holds probe `generation`.
+    /// Both parts of the entry at `slot` if it still holds probe `generation`
+    /// (generations are never reused, so this also proves it is the same key).
     #[inline]
     pub(super) fn probe_both(&mut self, probe: Probe) -> Option<(&mut KeyEntry, &mut KeyCold)> {
         self.get_both(probe.0)
