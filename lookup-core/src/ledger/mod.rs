@@ -495,16 +495,22 @@ impl Ledger {
     /// counted in the run, without leaving the fast path. `None` for any
     /// other case (a run to start, a failed probe), which `lookup_tracked`
     /// handles.
+    ///
+    /// Called when [`KeyEntry::settled`] gave no verdict: the key's first
+    /// answer, or a failed probe (no verdict either). An answered key was
+    /// flushed, so its time is never 0, the time of no open run.
     #[inline(always)]
     fn first_answer_in_run(&mut self, slot: Slot) -> Option<LookupVerdict> {
         let run = &mut self.verdict_run;
         let (state, cold) = self.keys.get_both(slot)?;
-        if run.flushed_at == 0 || cold.time != run.flushed_at || !state.first_answer() {
+        if cold.time != run.flushed_at {
             return None;
         }
+        let verdict = state.verdict()?;
+        debug_assert!(state.first_answer());
         state.status.set_reported(true);
         run.held += 1;
-        state.verdict()
+        Some(verdict)
     }
 
     #[cold]
