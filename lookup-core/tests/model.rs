@@ -267,11 +267,17 @@ impl Harness {
     }
 
     fn new() -> Self {
+        Self::with_limits(2, 2)
+    }
+
+    /// A harness whose ledger starts at most `calls` calls of at most
+    /// `steps` flushes at once.
+    fn with_limits(calls: usize, steps: usize) -> Self {
         let cfg = ManagerConfig {
             call_timeout_ms: TIMEOUT_MS,
             failure_backoff_ms: BACKOFF_MS,
-            max_calls_in_flight: 2,
-            max_steps_in_flight: 2,
+            max_calls_in_flight: calls,
+            max_steps_in_flight: steps,
             max_keys_per_call: 3, // checked in start_calls
             max_queued_keys: 10_000,
             ..ManagerConfig::named("model")
@@ -537,9 +543,12 @@ proptest! {
     /// `next_call` until none, whatever came before: backlogs, limits,
     /// splits, keys cleaned up or forced to miss, failures.
     #[test]
-    fn flush_and_start_is_flush_then_next_call(ops in proptest::collection::vec(op(), 1..120)) {
-        let mut stepwise = Harness::new();
-        let fused = Harness::new();
+    fn flush_and_start_is_flush_then_next_call(
+        ops in proptest::collection::vec(op(), 1..120),
+        (calls, steps) in prop_oneof![Just((2, 2)), Just((1, 1)), Just((3, 1)), Just((1, 3)), Just((8, 8))],
+    ) {
+        let mut stepwise = Harness::with_limits(calls, steps);
+        let fused = Harness::with_limits(calls, steps);
         stepwise.fused = false;
         // One clock for both, read after both ledgers were made (a time
         // before a ledger's epoch counts as the epoch): deadlines and
