@@ -288,18 +288,6 @@ struct RequestEntry {
     batch_epoch: u64,
 }
 
-impl RequestEntry {
-    /// Notes that the request started a run in `batch`: its second one in
-    /// the batch makes the batch interleaved.
-    #[inline]
-    fn note_run(&mut self, batch: &mut Batch) {
-        if self.batch_epoch == batch.epoch {
-            batch.interleaved = true;
-        }
-        self.batch_epoch = batch.epoch;
-    }
-}
-
 #[derive(Debug)]
 struct RunningCall {
     step: u64,
@@ -515,6 +503,21 @@ impl Ledger {
         Some(verdict)
     }
 
+    /// Adds a probe of the request at `request` to the flush batch; a run
+    /// the request starts is noted on it, and its second run in one batch
+    /// makes the batch interleaved (see `Batch::interleaved`).
+    #[inline(always)]
+    fn push_probe(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
+        if self.batch.push(request, serial, ctx, probe)
+            && let Some(req) = self.request_slab.get_mut(request)
+        {
+            if req.batch_epoch == self.batch.epoch {
+                self.batch.interleaved = true;
+            }
+            req.batch_epoch = self.batch.epoch;
+        }
+    }
+
     #[cold]
     fn invalid_key(&self, len: usize) -> LookupError {
         LookupError::InvalidKey {
@@ -559,11 +562,8 @@ impl Ledger {
                 return LookupVerdict::Pending;
             };
             self.next_generation += 1;
-            let new_run = self.batch.push(request, serial, ctx, (slot, generation));
+            self.push_probe(request, serial, ctx, (slot, generation));
             if let Some(req) = self.request_slab.get_mut(request) {
-                if new_run {
-                    req.note_run(&mut self.batch);
-                }
                 if req.created.capacity() == 0 {
                     req.created = new_list(&mut self.spare_lists);
                 }
@@ -658,11 +658,7 @@ impl Ledger {
             state.status.set_phase(Phase::Unsubmitted);
             state.status.set_revalidating(true);
             cold.time = 0;
-            if self.batch.push(request, serial, ctx, (slot, generation))
-                && let Some(req) = self.request_slab.get_mut(request)
-            {
-                req.note_run(&mut self.batch);
-            }
+            self.push_probe(request, serial, ctx, (slot, generation));
             if first {
                 self.keys.failed_flushed_at.remove(&slot);
             }
@@ -874,8 +870,7 @@ impl Ledger {
             if let Some(calls) = start.as_deref_mut()
                 && self.ready.is_empty()
                 && run.probes.len() <= max
-                && self.running.len() < self.max_calls_in_flight
-                && (step_started || self.started_steps < self.max_steps_in_flight)
+                && self.may_start_call(step_started)
             {
                 if let Some(call) = self.start_run(run, step, flushed_at, now) {
                     if !step_started {
@@ -1034,6 +1029,14 @@ impl Ledger {
         (kept > 0).then(|| call_keys(buf, kept))
     }
 
+    /// Whether the limits allow one more call, of a step that has
+    /// (`step_started`) or has not started a call yet.
+    #[inline]
+    fn may_start_call(&self, step_started: bool) -> bool {
+        self.running.len() < self.max_calls_in_flight
+            && (step_started || self.started_steps < self.max_steps_in_flight)
+    }
+
     /// Records a call about to be handed out, running from `now`.
     fn register_call(
         &mut self,
@@ -1062,12 +1065,9 @@ impl Ledger {
     /// The call's keys move to in-flight; its deadline starts `now`.
     pub fn next_call(&mut self, now: Instant) -> Option<TierCall> {
         loop {
-            if self.running.len() >= self.max_calls_in_flight {
-                return None;
-            }
             let group = self.ready.front()?;
             let step_started = self.steps.get(&group.step).is_some_and(|s| s.started);
-            if !step_started && self.started_steps >= self.max_steps_in_flight {
+            if !self.may_start_call(step_started) {
                 return None;
             }
             let group = self.ready.pop_front()?;
