@@ -39,38 +39,19 @@ const BACKOFF_MS: u64 = 50;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Lookup {
-        req: u8,
-        key: u8,
-    },
-    Prefix {
-        req: u8,
-        start: u8,
-        len: u8,
-    },
+    Lookup { req: u8, key: u8 },
+    Prefix { req: u8, start: u8, len: u8 },
     Flush,
     StartCalls,
-    /// `Ledger::flush_and_start`, what the manager does at each step (or,
-    /// in a harness with `fused == false`, `flush` then `next_call` until
-    /// none: the two must agree).
+    // `Ledger::flush_and_start`, what the manager does at each step (or, in
+    // a harness with `fused == false`, `flush` then `next_call` until none:
+    // the two must agree).
     FlushAndStart,
-    Deliver {
-        pick: usize,
-        how: Answer,
-    },
-    Advance {
-        ms: u64,
-    },
-    Cleanup {
-        req: u8,
-    },
-    MarkMiss {
-        key: u8,
-    },
-    SetTruth {
-        key: u8,
-        present: bool,
-    },
+    Deliver { pick: usize, how: Answer },
+    Advance { ms: u64 },
+    Cleanup { req: u8 },
+    MarkMiss { key: u8 },
+    SetTruth { key: u8, present: bool },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -301,6 +282,16 @@ impl Harness {
         }
     }
 
+    /// The model's side of a flush: waiting keys not in a call are flushed.
+    fn model_flush(&mut self) {
+        for entry in self.model.keys.values_mut() {
+            if entry.phase == MPhase::Waiting && entry.call.is_none() && entry.flushed_at.is_none()
+            {
+                entry.flushed_at = Some(self.now);
+            }
+        }
+    }
+
     fn start_calls(&mut self) -> Result<(), TestCaseError> {
         let mut calls = Vec::new();
         while let Some(call) = self.ledger.next_call(self.now) {
@@ -475,18 +466,6 @@ impl Harness {
             op
         );
         Ok(())
-    }
-}
-
-impl Harness {
-    /// The model's side of a flush: waiting keys not in a call are flushed.
-    fn model_flush(&mut self) {
-        for entry in self.model.keys.values_mut() {
-            if entry.phase == MPhase::Waiting && entry.call.is_none() && entry.flushed_at.is_none()
-            {
-                entry.flushed_at = Some(self.now);
-            }
-        }
     }
 }
 
