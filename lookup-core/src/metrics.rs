@@ -22,7 +22,7 @@
 //! | `kvtier_calls_in_flight` | gauge | tier calls running now |
 //! | `kvtier_tracked_keys` | gauge | keys with state in the manager now |
 //! | `kvtier_queued_keys` | gauge | keys waiting for a flush or a call slot now |
-//! | `kvtier_time_to_verdict_seconds` | histogram | from the flush that submitted a key to the lookup that first returned its verdict |
+//! | `kvtier_time_to_verdict_seconds` | histogram | from the flush that submitted a key to its first verdict being available (the tier's answer applied) |
 //! | `kvtier_tier_call_duration_seconds` | histogram | duration of a tier call |
 //! | `kvtier_keys_per_call` | histogram | keys in a tier call, recorded when it starts |
 //!
@@ -74,7 +74,7 @@ pub const CALLS_IN_FLIGHT: &str = "kvtier_calls_in_flight";
 pub const TRACKED_KEYS: &str = "kvtier_tracked_keys";
 /// Gauge: keys waiting for a flush or a call slot now.
 pub const QUEUED_KEYS: &str = "kvtier_queued_keys";
-/// Histogram, seconds: from the flush that submitted a key to the lookup that first returned its verdict.
+/// Histogram, seconds: from the flush that submitted a key to its first verdict being available (the tier's answer applied).
 pub const TIME_TO_VERDICT: &str = "kvtier_time_to_verdict_seconds";
 /// Histogram, seconds: duration of a tier call.
 pub const TIER_CALL_DURATION: &str = "kvtier_tier_call_duration_seconds";
@@ -197,7 +197,7 @@ impl TierMetrics {
         ::metrics::describe_histogram!(
             TIME_TO_VERDICT,
             Unit::Seconds,
-            "Time from the flush that submitted a key to the lookup that first returned its verdict."
+            "Time from the flush that submitted a key to its first verdict being available."
         );
         ::metrics::describe_histogram!(
             TIER_CALL_DURATION,

@@ -64,10 +64,11 @@ pub struct ManagerStats {
     pub tracked_requests: usize,
     /// Tier call duration.
     pub tier_call_latency: LatencySummary,
-    /// Time from the flush that submitted a key to the lookup that first returned its verdict.
-    /// The clock is read once for the keys of one flush answered one after the other
-    /// (until the next flush or tier answer), at the first of them: a verdict returned
-    /// later in the same step is timed early by at most the step's own lookup time.
+    /// Time from the flush that submitted a key to its first verdict becoming available:
+    /// the tier's answer (or its failure) applied, at the first `lookup`, `flush` or
+    /// drain after it arrived; from then on every lookup of the key returns it. One
+    /// sample per key; a re-check after a failure and an answer for a key nobody
+    /// refers to any more are not counted.
     pub time_to_verdict: LatencySummary,
     /// The first failed tier call's cause (an error, a timeout or a wrong
     /// number of results), as one line; `None` while no call has failed.
@@ -104,14 +105,20 @@ impl LatencyHistogram {
 
     #[inline]
     pub(crate) fn record(&mut self, d: Duration) {
+        self.record_n(d, 1);
+    }
+
+    /// Records `count` samples of `d`.
+    #[inline]
+    pub(crate) fn record_n(&mut self, d: Duration, count: u64) {
         let us = u64::try_from(d.as_micros())
             .unwrap_or(u64::MAX)
             .clamp(1, Self::MAX_US);
         if self.run.0 == us {
-            self.run.1 += 1;
+            self.run.1 += count;
         } else {
             self.settle();
-            self.run = (us, 1);
+            self.run = (us, count);
         }
     }
 

@@ -283,17 +283,18 @@ async fn run_call<T: Tier>(
         }
     };
     let started = Instant::now();
+    let n_keys = call.keys.len();
     let span = tracing::debug_span!(
         "tier_call",
         tier = %tier_name,
         req_id = %call.ctx.req_id(),
         call = call.id.0,
-        keys = call.keys.len(),
+        keys = n_keys,
         outcome = tracing::field::Empty,
         elapsed_us = tracing::field::Empty,
     );
-    let keys = Arc::clone(&call.keys);
-    let ctx = call.ctx.clone();
+    let keys = call.keys;
+    let ctx = call.ctx;
     // A task of its own, so a panic in the tier is caught as a JoinError and
     // a timeout (or this task's abort) cancels it.
     let task = AbortOnDrop(tokio::spawn(CURRENT_CALL.scope(
@@ -305,7 +306,7 @@ async fn run_call<T: Tier>(
         Ok(Ok(Err(err))) => CallOutcome::Failed(err),
         Ok(Err(join)) if join.is_panic() => CallOutcome::Failed(TierError::new(
             TierErrorKind::Panicked,
-            format!("batch_lookup panicked for {} keys", call.keys.len()),
+            format!("batch_lookup panicked for {n_keys} keys"),
         )),
         Ok(Err(_)) => CallOutcome::Failed(TierError::new(
             TierErrorKind::Other,
@@ -316,7 +317,7 @@ async fn run_call<T: Tier>(
     };
     let elapsed = started.elapsed();
     let label = match &outcome {
-        CallOutcome::Answered(found) if found.len() == call.keys.len() => "answered",
+        CallOutcome::Answered(found) if found.len() == n_keys => "answered",
         CallOutcome::Answered(_) => "wrong_result_count",
         CallOutcome::Failed(err) => err.kind().as_str(),
         CallOutcome::TimedOut => "deadline",

@@ -3,7 +3,7 @@
 
 use super::slab::Slot;
 use super::table::Probe;
-use crate::key::ReqContext;
+use crate::key::{OffloadKey, ReqContext};
 
 /// Room reserved for a request's keys when it first looks one up (grows
 /// as usual past it).
@@ -37,11 +37,14 @@ pub(super) struct BatchRun {
     pub(super) request: (Slot, u32),
     pub(super) ctx: ReqContext,
     pub(super) probes: Vec<Probe>,
+    /// The key of each probe, in the same order: the key list of the call
+    /// a flush can start at once, handed over as it is.
+    pub(super) keys: Vec<OffloadKey>,
 }
 
 impl Batch {
-    /// Adds `probe` to the request's current run; `true` if it started a
-    /// new run (see `interleaved`).
+    /// Adds `probe` of `key` to the request's current run; `true` if it
+    /// started a new run (see `interleaved`).
     #[inline(always)]
     pub(super) fn push(
         &mut self,
@@ -49,22 +52,31 @@ impl Batch {
         serial: u32,
         ctx: &ReqContext,
         probe: Probe,
+        key: &OffloadKey,
     ) -> bool {
         self.len += 1;
         match self.runs.last_mut() {
             Some(run) if run.request == (request, serial) => {
                 run.probes.push(probe);
+                run.keys.push(key.clone());
                 false
             }
             _ => {
-                self.new_run(request, serial, ctx, probe);
+                self.new_run(request, serial, ctx, probe, key);
                 true
             }
         }
     }
 
     #[inline(never)]
-    fn new_run(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
+    fn new_run(
+        &mut self,
+        request: Slot,
+        serial: u32,
+        ctx: &ReqContext,
+        probe: Probe,
+        key: &OffloadKey,
+    ) {
         // A scheduler looks up a request's keys together: start with room
         // for a typical run, not one key.
         let mut probes = self
@@ -72,10 +84,13 @@ impl Batch {
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY));
         probes.push(probe);
+        let mut keys = Vec::with_capacity(RUN_CAPACITY);
+        keys.push(key.clone());
         self.runs.push(BatchRun {
             request: (request, serial),
             ctx: ctx.clone(),
             probes,
+            keys,
         });
     }
 

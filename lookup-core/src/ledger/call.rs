@@ -1,7 +1,6 @@
 //! The values that cross between the ledger and a transport: the tier
 //! calls it wants made, how they ended, and the clock it is handed.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::TierError;
@@ -17,7 +16,7 @@ pub struct TierCall {
     /// Pass this back to [`Ledger::complete`](super::Ledger::complete).
     pub id: CallId,
     /// The keys to probe, each once.
-    pub keys: Arc<[OffloadKey]>,
+    pub keys: Vec<OffloadKey>,
     /// The context of the request that first asked for these keys.
     pub ctx: ReqContext,
     /// When the ledger will resolve the keys as timeouts if no answer came.

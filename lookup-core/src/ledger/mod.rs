@@ -67,19 +67,28 @@
 //! # Key lifecycle
 //!
 //! ```text
-//!  lookup (new key)      flush            next_call          complete
-//! ───────────────▶ Unsubmitted ──▶ Queued ──────▶ InFlight ──────▶ Present | Absent
-//!                                                    │ error, wrong length, deadline
-//!                                                    └──────────────▶ Failed ──(back-off, lookup)──▶ Unsubmitted
+//!  lookup (new key)            flush_and_start (room for the call)          complete
+//! ───────────────▶ Probing ─────────────────────────────────▶ Probing ──────▶ Present | Absent
+//!   (in the flush batch)  │ flush (no room)          ▲ next_call (in flight) │ error, wrong length,
+//!                         └──────────▶ Queued ───────┘                       │ deadline
+//!                                                                            └─▶ Failed ──(back-off, lookup)──▶ Probing
 //!   mark_miss, from any phase ──▶ ForcedMiss (a later answer is dropped)
 //! ```
+//!
+//! A key in `Probing` waits for the flush if its generation is the ledger's
+//! batch generation or later (the first generation handed out since the
+//! last flush), and is in a running call otherwise: a flush that starts a
+//! request's call at once hands its keys over without visiting them.
 //!
 //! - **Generations.** Every probe of a key gets a fresh generation number; a
 //!   result is applied only if the key still has that generation and is in
 //!   flight. A late answer for a key that was cleaned up and looked up again,
 //!   re-probed, or forced to miss is dropped and counted.
 //! - **Enqueue once.** A key enters a tier call at most once per generation:
-//!   only a key in `Unsubmitted` is flushed and only a `Queued` one is sent.
+//!   a flush takes the probes looked up since the last one, and only a
+//!   `Queued` key is sent by `next_call`. A probe of the flush batch whose
+//!   key was forgotten or forced to miss before the flush marks the batch
+//!   dirty, and that flush checks every key before sending it.
 //! - **In-flight retention.** `cleanup` releases a request's references; a
 //!   key left without references is forgotten unless its probe is running,
 //!   in which case it stays until the answer lands, so a new request can
@@ -93,6 +102,13 @@
 //!   one waiting for a free call slot, one in the call.
 //! - **`mark_miss` wins.** After a failed load the scheduler forces a miss;
 //!   no later answer can turn it back into a hit (the livelock of vLLM #49176).
+//! - **Time to verdict** runs from the flush that submitted a key to the
+//!   moment its first answer (or failure) is applied, which is when any
+//!   lookup of it can return the verdict: the manager applies answers at
+//!   the first lookup, flush or drain after they arrive. One histogram
+//!   update per call, nothing per lookup. A re-check after a failure is
+//!   not timed (its requests had their miss), nor an answer nobody waits
+//!   for any more.
 //!
 //! # Layout
 //!
@@ -102,20 +118,23 @@
 //! is split in two: the hot part (the key, its generation, phase and the
 //! "already asked by this request" mark) is one 64-byte, cache-line-aligned
 //! value, so a lookup of a resolved key touches one line past the table; the
-//! cold part (reference count, creator, flush and retry times) sits in a
+//! cold part (reference count, creator, queue and retry times) sits in a
 //! parallel array of the same fixed-size segment (one segment lookup reaches
-//! both), read only when a request first refers to a key, at flush, at
-//! answer and at cleanup. Everything downstream (the flush batch and the
-//! queued groups of `batch.rs`, running calls, a request's references)
-//! holds `(slot, generation)` pairs and reaches the entry by index; the
-//! generation check makes a pair whose slot was freed or reused harmless.
-//! Queue deadlines are kept per group and flush, not per key. Keys of one
-//! step get neighbouring slots, so a flush, a call start and an answer walk
-//! memory in order; a call's key list is written in the pass that moves its
-//! keys in flight. The vectors of a step (a request's run of probes, its
-//! lists of created and shared keys) are recycled, so a steady step loop
-//! allocates little beyond each call's key list. The values that cross to
-//! a transport ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
+//! both), read only when a request first refers to a key, when a key is
+//! queued or fails, and at cleanup: an answer reads the hot part only (a
+//! key nobody refers to any more is marked there). Everything downstream
+//! (the flush batch and the queued groups of `batch.rs`, running calls, a
+//! request's references) holds `(slot, generation)` pairs and reaches the
+//! entry by index; the generation check makes a pair whose slot was freed
+//! or reused harmless. A run of the flush batch keeps its keys too, copied
+//! at their lookup, so the call a flush starts at once takes that list as
+//! it is: between a key's lookup and its answer, nothing walks it. Queue
+//! deadlines are kept per group and flush, not per key. Keys of one step
+//! get neighbouring slots, so a call start and an answer walk memory in
+//! order. The vectors of a step (a request's run of probes, its lists of
+//! created and shared keys) are recycled, so a steady step loop allocates
+//! little beyond each call's key list. The values that cross to a transport
+//! ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
 
 mod batch;
 mod call;
@@ -123,7 +142,6 @@ mod slab;
 mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -231,46 +249,9 @@ fn new_list(spare: &mut Vec<Vec<Slot>>) -> Vec<Slot> {
         .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
 }
 
-/// A call's key list from `buf`, whose first `kept` values were written.
-#[inline]
-fn call_keys(buf: Arc<[MaybeUninit<OffloadKey>]>, kept: usize) -> Arc<[OffloadKey]> {
-    if kept == buf.len() {
-        // SAFETY: all `buf.len()` values were written.
-        unsafe { buf.assume_init() }
-    } else {
-        // Some keys left before their call (rare): move the `kept` written
-        // values into a list of their own; `buf` then drops without
-        // dropping them (`MaybeUninit` never drops its value).
-        buf[..kept]
-            .iter()
-            // SAFETY: values `0..kept` were written, and each is read
-            // (moved out) exactly once.
-            .map(|key| unsafe { key.assume_init_read() })
-            .collect()
-    }
-}
-
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// The largest time to verdict recorded, in microseconds: one hour, the
-/// bound of [`LatencyHistogram`], which clamps every other sample to it.
-const TTV_MAX_US: u64 = 3_600_000_000;
-
-/// A run of first verdicts of keys flushed together: the scheduler asks
-/// for them one after the other, so one clock read times them all (early
-/// by at most the step's own lookup time), and they are counted here and
-/// recorded as one histogram update when the run ends.
-#[derive(Debug, Clone, Copy, Default)]
-struct VerdictRun {
-    /// The keys' flush time, in ticks plus one; 0 when no run is open.
-    flushed_at: u64,
-    /// Their time to verdict, read at the first of them (1 µs at least).
-    waited_us: u64,
-    /// First verdicts of the run not yet in the histogram.
-    held: u64,
 }
 
 #[derive(Debug)]
@@ -292,6 +273,10 @@ struct RequestEntry {
 struct RunningCall {
     step: u64,
     probes: Vec<Probe>,
+    /// When the flush that submitted every key of the call happened, in
+    /// ticks plus one, for the time to verdict; 0 for a call of a queued
+    /// group, whose keys each keep theirs (`KeyCold::time`).
+    flushed_at: u64,
 }
 
 #[derive(Debug, Default)]
@@ -334,9 +319,6 @@ pub struct Ledger {
     /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
     /// instead of 16 in every key's state.
     epoch: Instant,
-    /// The first verdicts being returned for keys flushed together (see
-    /// `record_verdict_time`); ended by a flush or an answer.
-    verdict_run: VerdictRun,
     keys: KeyTable,
     /// Request id → its entry in `request_slab`.
     requests: FastMap<Arc<str>, Slot>,
@@ -355,6 +337,14 @@ pub struct Ledger {
     spare_lists: Vec<Vec<Slot>>,
 
     batch: Batch,
+    /// The generation of the first probe the flush batch may hold: a key in
+    /// phase `Probing` with a generation below it was flushed and its call
+    /// started (it is in flight), one at or above it waits for the flush.
+    batch_generation: u64,
+    /// Whether a probe of the flush batch went stale since it was pushed
+    /// (its key forgotten by a cleanup or forced to miss): the flush then
+    /// checks each key before handing it to a call.
+    batch_dirty: bool,
     ready: VecDeque<Group>,
     next_group_seq: u64,
     queued_keys: usize,
@@ -392,7 +382,6 @@ impl Ledger {
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: Instant::now(),
-            verdict_run: VerdictRun::default(),
             keys: KeyTable::default(),
             requests: FastMap::default(),
             request_slab: Slab::default(),
@@ -401,6 +390,8 @@ impl Ledger {
             next_serial: 0,
             spare_lists: Vec::new(),
             batch: Batch::default(),
+            batch_generation: 0,
+            batch_dirty: false,
             ready: VecDeque::new(),
             next_group_seq: 0,
             queued_keys: 0,
@@ -446,7 +437,7 @@ impl Ledger {
         };
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
-        // already holds (its first verdict also notes the time to it).
+        // already holds.
         if let Some((id, request, serial)) = &self.last_request
             && Arc::ptr_eq(id, ctx.req_id_arc())
         {
@@ -464,51 +455,29 @@ impl Ledger {
                     .request_slab
                     .get_mut(request)
                     .is_some_and(|req| req.shared.follows(found));
-            if held {
-                if let Some(verdict) = state.settled() {
-                    return Ok(verdict);
-                }
-                if let Some(verdict) = self.first_answer_in_run(found) {
-                    return Ok(verdict);
-                }
+            if held && let Some(verdict) = state.verdict() {
+                return Ok(verdict);
             }
-            // A key it may not hold yet, its first answer (to be marked and
-            // timed) or a failed probe's: no need to find the request again.
+            // A key it may not hold yet, or a failed probe's: no need to
+            // find the request again.
             return Ok(self.lookup_tracked(found, request, serial, ctx, now));
         }
         Ok(self.lookup_slow(key, Some(found), ctx, now))
     }
 
-    /// The first answer of the key at `slot`, held by the asking request,
-    /// when it joins the open run of first verdicts (its keys flushed
-    /// together: a step reading its cohort's answers): marked reported and
-    /// counted in the run, without leaving the fast path. `None` for any
-    /// other case (a run to start, a failed probe), which `lookup_tracked`
-    /// handles.
-    ///
-    /// Called when [`KeyEntry::settled`] gave no verdict: the key's first
-    /// answer, or a failed probe (no verdict either). An answered key was
-    /// flushed, so its time is never 0, the time of no open run.
+    /// Adds a probe of `key` by the request at `request` to the flush
+    /// batch; a run the request starts is noted on it, and its second run
+    /// in one batch makes the batch interleaved (see `Batch::interleaved`).
     #[inline(always)]
-    fn first_answer_in_run(&mut self, slot: Slot) -> Option<LookupVerdict> {
-        let run = &mut self.verdict_run;
-        let (state, cold) = self.keys.get_both(slot)?;
-        if cold.time != run.flushed_at {
-            return None;
-        }
-        let verdict = state.verdict()?;
-        debug_assert!(state.first_answer());
-        state.status.set_reported(true);
-        run.held += 1;
-        Some(verdict)
-    }
-
-    /// Adds a probe of the request at `request` to the flush batch; a run
-    /// the request starts is noted on it, and its second run in one batch
-    /// makes the batch interleaved (see `Batch::interleaved`).
-    #[inline(always)]
-    fn push_probe(&mut self, request: Slot, serial: u32, ctx: &ReqContext, probe: Probe) {
-        if self.batch.push(request, serial, ctx, probe)
+    fn push_probe(
+        &mut self,
+        request: Slot,
+        serial: u32,
+        ctx: &ReqContext,
+        probe: Probe,
+        key: &OffloadKey,
+    ) {
+        if self.batch.push(request, serial, ctx, probe, key)
             && let Some(req) = self.request_slab.get_mut(request)
         {
             if req.batch_epoch == self.batch.epoch {
@@ -562,7 +531,7 @@ impl Ledger {
                 return LookupVerdict::Pending;
             };
             self.next_generation += 1;
-            self.push_probe(request, serial, ctx, (slot, generation));
+            self.push_probe(request, serial, ctx, (slot, generation), key);
             if let Some(req) = self.request_slab.get_mut(request) {
                 if req.created.capacity() == 0 {
                     req.created = new_list(&mut self.spare_lists);
@@ -598,6 +567,8 @@ impl Ledger {
                 && !req.shared.follows(slot)
             {
                 cold.refs += 1;
+                // Referred to again: no longer kept only for its answer.
+                state.status.set_orphan(false);
                 let shared = &mut req.shared;
                 if shared.slots.capacity() == 0 {
                     shared.slots = new_list(&mut self.spare_lists);
@@ -607,21 +578,14 @@ impl Ledger {
                 compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
             }
         }
-        let Some(verdict) = state.verdict() else {
-            if compact {
-                self.compact_request(request);
-            }
-            return self.lookup_failed(slot, request, serial, ctx, now);
-        };
-        if state.first_answer() {
-            state.status.set_reported(true);
-            let flushed_at = cold.time;
-            self.record_verdict_time(flushed_at, now);
-        }
+        let verdict = state.verdict();
         if compact {
             self.compact_request(request);
         }
-        verdict
+        match verdict {
+            Some(verdict) => verdict,
+            None => self.lookup_failed(slot, request, serial, ctx, now),
+        }
     }
 
     /// Compacts the shared references of the request at `request`.
@@ -650,74 +614,16 @@ impl Ledger {
         let Some((state, cold)) = self.keys.get_both(slot) else {
             return LookupVerdict::Miss;
         };
-        let first = !state.status.reported();
-        state.status.set_reported(true);
         if now_ticks >= cold.time {
             self.next_generation += 1;
             state.generation = generation;
-            state.status.set_phase(Phase::Unsubmitted);
+            state.status.set_phase(Phase::Probing);
             state.status.set_revalidating(true);
             cold.time = 0;
-            self.push_probe(request, serial, ctx, (slot, generation));
-            if first {
-                self.keys.failed_flushed_at.remove(&slot);
-            }
-        } else if first
-            && let Some(flushed_at) = self.keys.failed_flushed_at.remove(&slot)
-            && flushed_at > 0
-        {
-            let waited = now_ticks.saturating_sub(flushed_at - 1);
-            self.time_to_verdict.record(Duration::from_nanos(waited));
+            let key = state.key.clone();
+            self.push_probe(request, serial, ctx, (slot, generation), &key);
         }
         LookupVerdict::Miss
-    }
-
-    /// Records the time from a key's flush (at `flushed_at`, ticks plus one;
-    /// 0 if never flushed) to its first verdict. The clock is read once per
-    /// run of first verdicts of keys flushed together, until the next flush
-    /// or answer: a scheduler's step asks for them one after the other, and
-    /// one read times them all (early by at most the step's own lookup time).
-    #[inline(always)]
-    fn record_verdict_time(&mut self, flushed_at: u64, now: &mut LazyNow) {
-        if flushed_at == 0 {
-            return;
-        }
-        if self.verdict_run.flushed_at == flushed_at {
-            self.verdict_run.held += 1;
-        } else {
-            self.start_verdict_run(flushed_at, now);
-        }
-    }
-
-    /// Starts a run of first verdicts of keys flushed at `flushed_at` (ticks
-    /// plus one), reading the clock; the previous run's samples are recorded.
-    #[inline(never)]
-    fn start_verdict_run(&mut self, flushed_at: u64, now: &mut LazyNow) {
-        self.settle_verdict_run();
-        let waited = ticks(self.epoch, now.get()).saturating_sub(flushed_at - 1);
-        self.verdict_run = VerdictRun {
-            flushed_at,
-            waited_us: (waited / 1_000).clamp(1, TTV_MAX_US),
-            held: 1,
-        };
-    }
-
-    /// Records the samples of the run of first verdicts held back so far.
-    fn settle_verdict_run(&mut self) {
-        let run = &mut self.verdict_run;
-        if run.held > 0 {
-            self.time_to_verdict
-                .raw_mut()
-                .saturating_record_n(run.waited_us, run.held);
-            run.held = 0;
-        }
-    }
-
-    /// Records the run of first verdicts and ends it: the next first
-    /// verdict reads the clock again.
-    fn end_verdict_run(&mut self) {
-        self.settle_verdict_run();
-        self.verdict_run = VerdictRun::default();
     }
 
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
@@ -846,7 +752,6 @@ impl Ledger {
     /// `flush`, starting each run's call directly while `start` is given,
     /// no group waits and the limits allow (see `flush_and_start`).
     fn flush_runs(&mut self, now: Instant, mut start: Option<&mut Vec<TierCall>>) {
-        self.end_verdict_run();
         self.time_to_verdict.settle();
         self.call_latency.settle();
         if self.batch.is_empty() {
@@ -859,6 +764,10 @@ impl Ledger {
         let mut step_started = false;
         let max = self.max_keys_per_call;
         let (runs, interleaved) = self.batch.take();
+        // Every probe of the batch is now flushed: those of runs started
+        // below stay `Probing`, now in flight; the others are queued.
+        self.batch_generation = self.next_generation;
+        let dirty = std::mem::take(&mut self.batch_dirty);
         if interleaved {
             // A request's runs are merged into one group (see below).
             start = None;
@@ -872,7 +781,7 @@ impl Ledger {
                 && run.probes.len() <= max
                 && self.may_start_call(step_started)
             {
-                if let Some(call) = self.start_run(run, step, flushed_at, now) {
+                if let Some(call) = self.start_run(run, dirty, step, flushed_at, now) {
                     if !step_started {
                         step_started = true;
                         self.started_steps += 1;
@@ -883,14 +792,15 @@ impl Ledger {
                 continue;
             }
             // Queue the run's keys still waiting for this flush (a key may
-            // have been cleaned up, forced to miss or re-probed since).
+            // have been cleaned up or forced to miss since). The group keeps
+            // the probes only: its call copies the keys when it starts.
             let mut probes = run.probes;
             let (keys, queued_keys) = (&mut self.keys, &mut self.queued_keys);
             probes.retain(|&probe| {
                 let Some((state, cold)) = keys.probe_both(probe) else {
                     return false;
                 };
-                if !state.status.is(Phase::Unsubmitted) {
+                if !state.status.is(Phase::Probing) {
                     return false;
                 }
                 state.status.set_phase(Phase::Queued);
@@ -964,23 +874,27 @@ impl Ledger {
         }
     }
 
-    /// Starts the call of one flushed run, in one pass over its keys: each
-    /// still waiting for this flush moves straight to in flight, with its
-    /// flush time, and is copied into the call's list. `None` if none is
-    /// left (cleaned up, forced to miss or re-probed since its lookup).
+    /// Starts the call of one flushed run, handing its probes and keys over
+    /// as they are: its keys stay `Probing`, now in flight, with no pass
+    /// over them. When the batch is `dirty` the keys still waiting for this
+    /// flush are picked out first (the others were cleaned up or forced to
+    /// miss since their lookup). `None` if none is left.
     fn start_run(
         &mut self,
         run: batch::BatchRun,
+        dirty: bool,
         step: u64,
         flushed_at: u64,
         now: Instant,
     ) -> Option<TierCall> {
-        let mut probes = run.probes;
-        let Some(keys) = self.move_in_flight(&mut probes, Phase::Unsubmitted, Some(flushed_at))
-        else {
-            self.batch.recycle(probes);
-            return None;
-        };
+        let (mut probes, mut keys) = (run.probes, run.keys);
+        if dirty {
+            self.drop_stale(&mut probes, &mut keys);
+            if probes.is_empty() {
+                self.batch.recycle(probes);
+                return None;
+            }
+        }
         if let Some(request) = self
             .request_slab
             .get_mut(run.request.0)
@@ -992,41 +906,49 @@ impl Ledger {
         // The seq a queued group would have taken, so that later groups
         // are numbered as if this run had been queued and started.
         self.next_group_seq += 1;
-        Some(self.register_call(step, probes, keys, run.ctx, now))
+        Some(self.register_call(step, probes, keys, run.ctx, now, flushed_at))
     }
 
-    /// Moves each key of `probes` still in phase `from` to in flight (with
-    /// its flush time, when given) and copies it into a call's list, in one
-    /// pass; `probes` keeps those keys only. `None` if none was left.
-    #[inline(always)]
-    fn move_in_flight(
-        &mut self,
-        probes: &mut Vec<Probe>,
-        from: Phase,
-        flushed_at: Option<u64>,
-    ) -> Option<Arc<[OffloadKey]>> {
-        let n = probes.len();
-        let mut buf: Arc<[MaybeUninit<OffloadKey>]> = Arc::new_uninit_slice(n);
-        let Some(dst) = Arc::get_mut(&mut buf) else {
-            unreachable!("a new Arc has no other reference");
-        };
+    /// Keeps the probes (and their keys, in the parallel list) whose key is
+    /// still in phase `Probing` under the probe's generation.
+    #[cold]
+    fn drop_stale(&mut self, probes: &mut Vec<Probe>, keys: &mut Vec<OffloadKey>) {
         let mut kept = 0;
-        for i in 0..n {
+        for i in 0..probes.len() {
             let probe = probes[i];
-            if let Some((state, cold)) = self.keys.probe_both(probe)
-                && state.status.is(from)
+            if self
+                .keys
+                .probe_both(probe)
+                .is_some_and(|(state, _)| state.status.is(Phase::Probing))
             {
-                state.status.set_phase(Phase::InFlight);
-                if let Some(time) = flushed_at {
-                    cold.time = time;
-                }
-                dst[kept].write(state.key.clone());
+                probes[kept] = probe;
+                keys.swap(kept, i);
+                kept += 1;
+            }
+        }
+        probes.truncate(kept);
+        keys.truncate(kept);
+    }
+
+    /// Moves each key of a queued group's `probes` still queued to in
+    /// flight and copies it into the call's key list, in one pass; `probes`
+    /// keeps those keys only. `None` if none was left.
+    fn move_in_flight(&mut self, probes: &mut Vec<Probe>) -> Option<Vec<OffloadKey>> {
+        let mut keys = Vec::with_capacity(probes.len());
+        let mut kept = 0;
+        for i in 0..probes.len() {
+            let probe = probes[i];
+            if let Some((state, _)) = self.keys.probe_both(probe)
+                && state.status.is(Phase::Queued)
+            {
+                state.status.set_phase(Phase::Probing);
+                keys.push(state.key.clone());
                 probes[kept] = probe;
                 kept += 1;
             }
         }
         probes.truncate(kept);
-        (kept > 0).then(|| call_keys(buf, kept))
+        (kept > 0).then_some(keys)
     }
 
     /// Whether the limits allow one more call, of a step that has
@@ -1037,19 +959,29 @@ impl Ledger {
             && (step_started || self.started_steps < self.max_steps_in_flight)
     }
 
-    /// Records a call about to be handed out, running from `now`.
+    /// Records a call about to be handed out, running from `now`, whose
+    /// keys were flushed at `flushed_at` (0: each at its own, see
+    /// `RunningCall`).
     fn register_call(
         &mut self,
         step: u64,
         probes: Vec<Probe>,
-        keys: Arc<[OffloadKey]>,
+        keys: Vec<OffloadKey>,
         ctx: ReqContext,
         now: Instant,
+        flushed_at: u64,
     ) -> TierCall {
         let id = CallId(self.next_call);
         self.next_call += 1;
         let deadline = now + self.call_timeout;
-        self.running.insert(id, RunningCall { step, probes });
+        self.running.insert(
+            id,
+            RunningCall {
+                step,
+                probes,
+                flushed_at,
+            },
+        );
         self.deadlines.push_back((deadline, id));
         self.counters.calls_started += 1;
         TierCall {
@@ -1081,10 +1013,9 @@ impl Ledger {
             self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
 
             // Keys still queued move to in flight, and their keys are copied
-            // into the call's list in the same pass: one copy per key, no
-            // intermediate vector.
+            // into the call's list in the same pass.
             let mut probes = group.probes;
-            let Some(keys) = self.move_in_flight(&mut probes, Phase::Queued, None) else {
+            let Some(keys) = self.move_in_flight(&mut probes) else {
                 // Every key was cleaned up or forced to miss while waiting.
                 self.finish_group(group.step);
                 continue;
@@ -1095,7 +1026,7 @@ impl Ledger {
                 step.started = true;
                 self.started_steps += 1;
             }
-            return Some(self.register_call(group.step, probes, keys, group.ctx, now));
+            return Some(self.register_call(group.step, probes, keys, group.ctx, now, 0));
         }
     }
 
@@ -1118,21 +1049,24 @@ impl Ledger {
             self.counters.late_answers_dropped += 1;
             return;
         };
-        self.end_verdict_run();
         self.counters.calls_finished += 1;
         self.finish_group(call.step);
         self.call_latency.record(elapsed);
+        let now_ticks = ticks(self.epoch, now);
 
         let failure = match outcome {
             CallOutcome::Answered(found) if found.len() == call.probes.len() => {
+                let mut first_verdicts = 0;
                 for (&probe, present) in call.probes.iter().zip(found) {
                     let phase = if present {
                         Phase::Present
                     } else {
                         Phase::Absent
                     };
-                    self.resolve(probe, phase, 0);
+                    let timed = self.resolve(probe, phase, 0, call.flushed_at);
+                    self.time_first_verdict(timed, call.flushed_at, now_ticks, &mut first_verdicts);
                 }
+                self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
                 self.batch.recycle(call.probes);
                 return;
             }
@@ -1177,46 +1111,101 @@ impl Ledger {
         };
         let timed_out = failure == TierErrorKind::Timeout;
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
+        let mut first_verdicts = 0;
         for &probe in &call.probes {
-            if self.resolve(probe, Phase::Failed, retry_at) {
-                if timed_out {
-                    self.counters.timeouts += 1;
-                } else {
-                    self.counters.errors += 1;
-                }
+            let Some(timed) = self.resolve(probe, Phase::Failed, retry_at, call.flushed_at) else {
+                continue;
+            };
+            if timed_out {
+                self.counters.timeouts += 1;
+            } else {
+                self.counters.errors += 1;
             }
+            self.time_first_verdict(Some(timed), call.flushed_at, now_ticks, &mut first_verdicts);
         }
+        self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
         self.batch.recycle(call.probes);
     }
 
-    /// Applies one key's result (`retry_at` for phase `Failed`); returns
-    /// whether it was applied.
-    fn resolve(&mut self, probe: Probe, phase: Phase, retry_at: u64) -> bool {
+    /// Notes a first verdict that `resolve` says to time (`timed`, the
+    /// key's flush time): counted in `count` when it is the call's own
+    /// flush time `call_flushed_at` (recorded at once, after the loop),
+    /// recorded now when the key has a flush time of its own.
+    #[inline(always)]
+    fn time_first_verdict(
+        &mut self,
+        timed: Option<u64>,
+        call_flushed_at: u64,
+        now_ticks: u64,
+        count: &mut u64,
+    ) {
+        match timed {
+            Some(0) | None => {}
+            Some(_) if call_flushed_at != 0 => *count += 1,
+            Some(flushed_at) => self.record_verdict_times(flushed_at, now_ticks, 1),
+        }
+    }
+
+    /// Records `count` times to verdict of keys flushed at `flushed_at`
+    /// (ticks plus one; 0: none) whose verdicts became available at
+    /// `now_ticks`.
+    fn record_verdict_times(&mut self, flushed_at: u64, now_ticks: u64, count: u64) {
+        if count > 0 && flushed_at > 0 {
+            let waited = now_ticks.saturating_sub(flushed_at - 1);
+            self.time_to_verdict
+                .record_n(Duration::from_nanos(waited), count);
+        }
+    }
+
+    /// Applies one key's result (`retry_at` for phase `Failed`) from a call
+    /// whose keys were flushed at `call_flushed_at` (0: each at its own).
+    /// `None` if it was not applied (a stale answer); else the flush time
+    /// (ticks plus one) to time the key's first verdict from, or 0 when
+    /// the answer is not a first verdict a request waits for (a re-check of
+    /// a failed probe, whose requests had a miss already, or a key nobody
+    /// refers to any more).
+    #[inline(always)]
+    fn resolve(
+        &mut self,
+        probe: Probe,
+        phase: Phase,
+        retry_at: u64,
+        call_flushed_at: u64,
+    ) -> Option<u64> {
         let Some((state, cold)) = self
             .keys
             .probe_both(probe)
-            .filter(|(s, _)| s.status.is(Phase::InFlight))
+            .filter(|(s, _)| s.status.is(Phase::Probing))
         else {
             // Forgotten, re-probed, or forced to miss while in flight:
             // mark_miss wins.
             self.counters.stale_results_dropped += 1;
-            return false;
+            return None;
         };
         match phase {
             Phase::Present => self.counters.hits += 1,
             Phase::Absent => self.counters.misses += 1,
             _ => {}
         }
-        if cold.refs == 0 {
+        if state.status.orphan() {
             // Retained only for this answer; nobody is asking any more.
             self.keys.remove(probe.0);
-        } else if phase == Phase::Failed {
+            return Some(0);
+        }
+        let timed = if state.status.revalidating() {
+            0
+        } else if call_flushed_at != 0 {
+            call_flushed_at
+        } else {
+            cold.time
+        };
+        if phase == Phase::Failed {
             self.keys.set_failed(probe.0, retry_at);
         } else {
             state.status.set_phase(phase);
             state.status.set_revalidating(false);
         }
-        true
+        Some(timed)
     }
 
     /// Resolves as timeouts every call whose deadline is `now` or earlier
@@ -1256,18 +1245,20 @@ impl Ledger {
             let Some(group) = group else {
                 continue;
             };
+            let mut first_verdicts = 0;
             for &probe in &group.probes {
                 // Still queued since this flush (a key queued by a later
                 // flush, topping up the group, has an entry of its own).
-                let expired = self
-                    .keys
-                    .probe_both(probe)
-                    .is_some_and(|(s, c)| s.status.is(Phase::Queued) && c.time == flushed_at);
-                if expired {
+                let Some((state, cold)) = self.keys.probe_both(probe) else {
+                    continue;
+                };
+                if state.status.is(Phase::Queued) && cold.time == flushed_at {
+                    first_verdicts += u64::from(!state.status.revalidating());
                     self.keys.set_failed(probe.0, retry_at);
                     self.counters.timeouts += 1;
                 }
             }
+            self.record_verdict_times(flushed_at, now_ticks, first_verdicts);
         }
         if self.queue_deadlines.capacity() > 4 * self.queue_deadlines.len().max(1024) {
             self.queue_deadlines
@@ -1303,13 +1294,17 @@ impl Ledger {
                 continue;
             };
             self.counters.forced_misses += 1;
-            if cold.refs == 0 {
+            debug_assert_eq!(state.status.orphan(), cold.refs == 0);
+            if state.status.orphan() {
                 // Kept only for a running probe's answer, which no longer
                 // matters: forget it (a late answer is then dropped).
                 self.keys.remove(slot);
             } else {
+                if state.status.is(Phase::Probing) && state.generation >= self.batch_generation {
+                    // Its probe in the flush batch is stale now.
+                    self.batch_dirty = true;
+                }
                 state.status.set_phase(Phase::ForcedMiss);
-                state.status.set_reported(true);
             }
         }
     }
@@ -1332,12 +1327,24 @@ impl Ledger {
         {
             self.last_request = None;
         }
-        let release = |keys: &mut KeyTable, slot: Slot| {
+        let batch_generation = self.batch_generation;
+        let mut dirty = false;
+        let mut release = |keys: &mut KeyTable, slot: Slot| {
             if let Some((state, cold)) = keys.get_both(slot) {
                 cold.refs = cold.refs.saturating_sub(1);
-                if cold.refs == 0 && !state.status.is(Phase::InFlight) {
-                    keys.remove(slot);
+                if cold.refs > 0 {
+                    return;
                 }
+                if state.status.is(Phase::Probing) {
+                    if state.generation < batch_generation {
+                        // In flight: kept for its answer, which forgets it.
+                        state.status.set_orphan(true);
+                        return;
+                    }
+                    // Its probe in the flush batch is stale now.
+                    dirty = true;
+                }
+                keys.remove(slot);
             }
         };
         for &slot in &entry.created {
@@ -1346,6 +1353,7 @@ impl Ledger {
         for &slot in &entry.shared.slots {
             release(&mut self.keys, slot);
         }
+        self.batch_dirty |= dirty;
         for list in [entry.created, entry.shared.slots] {
             if list.capacity() == RUN_CAPACITY && self.spare_lists.len() < SPARE_LISTS {
                 let mut list = list;
@@ -1356,6 +1364,7 @@ impl Ledger {
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
             self.batch.take();
+            self.batch_dirty = false;
         }
     }
 
@@ -1374,8 +1383,7 @@ impl Ledger {
                 now,
             );
         }
-        // Shutdown: every held-back time-to-verdict sample is recorded now.
-        self.end_verdict_run();
+        // Shutdown: every held-back sample is recorded now.
         self.time_to_verdict.settle();
         self.call_latency.settle();
     }
@@ -1445,15 +1453,7 @@ impl Ledger {
             queued_keys: self.queued_keys + self.batch.len,
             tracked_requests: self.requests.len(),
             tier_call_latency: self.call_latency.summary(),
-            time_to_verdict: if self.verdict_run.held > 0 {
-                // With the run of first verdicts held back.
-                let mut ttv = self.time_to_verdict.clone();
-                let run = &self.verdict_run;
-                ttv.raw_mut().saturating_record_n(run.waited_us, run.held);
-                ttv.summary()
-            } else {
-                self.time_to_verdict.summary()
-            },
+            time_to_verdict: self.time_to_verdict.summary(),
             first_error: c.first_error.clone(),
         }
     }
@@ -1508,31 +1508,85 @@ mod tests {
     }
 
     #[test]
-    fn first_verdicts_of_one_flush_share_one_clock_read_until_an_answer() {
-        let mut l = ledger();
+    fn time_to_verdict_runs_from_each_keys_flush_to_its_first_answer() {
+        let cfg = ManagerConfig {
+            max_calls_in_flight: 1,
+            failure_backoff_ms: 5,
+            ..ManagerConfig::named("test")
+        };
+        let mut l = Ledger::new(&cfg);
         let t0 = Instant::now();
-        let ctx = ReqContext::new("a");
-        let keys: Vec<OffloadKey> = (0..3u8).map(|i| OffloadKey::new(&[i + 1; 36])).collect();
-        for key in &keys[..2] {
-            l.lookup(key, &ctx, &mut LazyNow::at(t0)).unwrap();
-        }
-        answer_all(&mut l, t0);
         let ms = Duration::from_millis;
-        // Two verdicts of the same flush in one step: timed at the first read.
-        l.lookup(&keys[0], &ctx, &mut LazyNow::at(t0 + ms(1)))
+        let key = |i: u8| OffloadKey::new(&[i; 36]);
+        // (samples, largest in ms): the histogram keeps 3 significant digits.
+        let ttv = |l: &Ledger| {
+            let s = l.stats().time_to_verdict;
+            (s.count, (s.max_us + 5) / 1000)
+        };
+        let start = |l: &mut Ledger, at: Duration| {
+            let mut calls = Vec::new();
+            l.flush_and_start(t0 + at, &mut calls);
+            calls
+        };
+        // a's two keys start at once; b's key waits for the only call slot.
+        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+        for i in [1, 2] {
+            l.lookup(&key(i), &a, &mut LazyNow::at(t0)).unwrap();
+        }
+        let first = start(&mut l, ms(0)).pop().expect("a's call");
+        l.lookup(&key(3), &b, &mut LazyNow::at(t0 + ms(1))).unwrap();
+        assert!(start(&mut l, ms(1)).is_empty(), "the slot is taken");
+        // a's answer at 3 ms: two first verdicts, 3 ms after their flush.
+        l.complete(
+            first.id,
+            CallOutcome::Answered(vec![true, false]),
+            ms(3),
+            t0 + ms(3),
+        );
+        assert_eq!(ttv(&l), (2, 3));
+        // b's key, queued at 1 ms, answered at 10 ms: 9 ms, its own flush.
+        let second = l.next_call(t0 + ms(4)).expect("b's call");
+        l.complete(
+            second.id,
+            CallOutcome::Answered(vec![true]),
+            ms(6),
+            t0 + ms(10),
+        );
+        assert_eq!(ttv(&l), (3, 9));
+        // A failure is a first verdict too (a miss, counted as an error)...
+        let c = ReqContext::new("c");
+        l.lookup(&key(4), &c, &mut LazyNow::at(t0 + ms(10)))
             .unwrap();
-        l.lookup(&keys[1], &ctx, &mut LazyNow::at(t0 + ms(3)))
+        let failing = start(&mut l, ms(10)).pop().expect("c's call");
+        let err = TierError::new(TierErrorKind::Unavailable, "down");
+        l.complete(failing.id, CallOutcome::Failed(err), ms(2), t0 + ms(12));
+        assert_eq!(ttv(&l).0, 4);
+        // ...and its re-check past the back-off is not: c had its miss.
+        let mut later = LazyNow::at(t0 + ms(20));
+        assert_eq!(l.lookup(&key(4), &c, &mut later), Ok(LookupVerdict::Miss));
+        let recheck = start(&mut l, ms(20)).pop().expect("the re-check");
+        l.complete(
+            recheck.id,
+            CallOutcome::Answered(vec![true]),
+            ms(1),
+            t0 + ms(21),
+        );
+        assert_eq!(l.lookup(&key(4), &c, &mut later), Ok(LookupVerdict::Hit));
+        assert_eq!(ttv(&l).0, 4);
+        // Nor is the answer for a key whose request left while it ran.
+        let d = ReqContext::new("d");
+        l.lookup(&key(5), &d, &mut LazyNow::at(t0 + ms(21)))
             .unwrap();
-        let ttv = l.stats().time_to_verdict;
-        assert_eq!((ttv.count, ttv.max_us), (2, 1000), "{ttv:?}");
-        // A new flush and its answer start a new read.
-        l.lookup(&keys[2], &ctx, &mut LazyNow::at(t0)).unwrap();
-        answer_all(&mut l, t0);
-        l.lookup(&keys[2], &ctx, &mut LazyNow::at(t0 + ms(7)))
-            .unwrap();
-        let ttv = l.stats().time_to_verdict;
-        assert_eq!(ttv.count, 3, "{ttv:?}");
-        assert!((6990..=7010).contains(&ttv.max_us), "{ttv:?}");
+        let orphan = start(&mut l, ms(21)).pop().expect("d's call");
+        l.cleanup("d");
+        l.complete(
+            orphan.id,
+            CallOutcome::Answered(vec![true]),
+            ms(1),
+            t0 + ms(30),
+        );
+        assert_eq!(ttv(&l).0, 4);
+        assert_eq!(l.stats().tracked_keys, 4, "d's key is forgotten");
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use hashbrown::HashTable;
 
-use super::FastMap;
 use super::slab::{Slab, Slot};
 use crate::key::OffloadKey;
 use crate::verdict::LookupVerdict;
@@ -14,12 +13,14 @@ pub(super) type Probe = (Slot, u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(super) enum Phase {
-    /// Looked up since the last flush.
-    Unsubmitted,
+    /// A probe is outstanding and not waiting for a call slot: in the flush
+    /// batch if its generation is the ledger's `batch_generation` or later
+    /// (looked up since the last flush), else in a running tier call. A
+    /// flush that starts a request's call at once leaves its keys in this
+    /// phase: it need not visit them.
+    Probing,
     /// Flushed, waiting for room to start its tier call.
     Queued,
-    /// In a running tier call.
-    InFlight,
     Present,
     Absent,
     ForcedMiss,
@@ -41,35 +42,15 @@ const VERDICTS: [Option<LookupVerdict>; 16] = {
             }
             // A re-check of a failed probe answers miss, not pending: a
             // failure never makes a request wait.
-            p if p == Phase::Unsubmitted as usize
-                || p == Phase::Queued as usize
-                || p == Phase::InFlight as usize =>
-            {
+            p if p == Phase::Probing as usize || p == Phase::Queued as usize => {
                 Some(if revalidating {
                     LookupVerdict::Miss
                 } else {
                     LookupVerdict::Pending
                 })
             }
-            _ => None, // Failed
+            _ => None, // Failed (and the unused phase values)
         };
-        i += 1;
-    }
-    table
-};
-
-/// [`KeyEntry::settled`] by the five bits of [`KeyStatus`]:
-/// [`VERDICTS`], but `None` for a key's first answer from the tier too.
-const SETTLED: [Option<LookupVerdict>; 32] = {
-    let mut table = [None; 32];
-    let mut i = 0;
-    while i < 32 {
-        let phase = i & 7;
-        let first =
-            i & 16 == 0 && (phase == Phase::Present as usize || phase == Phase::Absent as usize);
-        if !first {
-            table[i] = VERDICTS[i & 15];
-        }
         i += 1;
     }
     table
@@ -95,30 +76,33 @@ pub(super) struct KeyEntry {
 /// one load and indexes its verdict table with them as they are: bits 0..3
 /// the [`Phase`], bit 3 "revalidating" (the previous probe failed and this
 /// one re-checks it: answer miss, not pending, until it lands, so a failure
-/// never makes a request wait), bit 4 "reported" (a verdict for this
-/// generation was already returned).
+/// never makes a request wait), bit 4 "orphan" (no request refers to the
+/// key any more, its [`KeyCold::refs`] is 0: it is kept only for its
+/// running probe's answer, which then forgets it; an answer reads this bit
+/// instead of the cold part).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct KeyStatus(u8);
 
 const PHASE_BITS: u8 = 7;
 const REVALIDATING: u8 = 1 << 3;
-const REPORTED: u8 = 1 << 4;
+const ORPHAN: u8 = 1 << 4;
 
-/// [`KeyStatus::phase`] by the phase bits (7 is never stored).
+/// [`KeyStatus::phase`] by the phase bits (6 and 7 are never stored).
 const PHASES: [Phase; 8] = [
-    Phase::Unsubmitted,
+    Phase::Probing,
     Phase::Queued,
-    Phase::InFlight,
     Phase::Present,
     Phase::Absent,
     Phase::ForcedMiss,
     Phase::Failed,
     Phase::Failed,
+    Phase::Failed,
 ];
 
 impl KeyStatus {
-    /// A key looked up for the first time: unsubmitted, no flag.
-    pub(super) const NEW: Self = Self(Phase::Unsubmitted as u8);
+    /// A key looked up for the first time: probing (in the flush batch),
+    /// no flag.
+    pub(super) const NEW: Self = Self(Phase::Probing as u8);
 
     #[inline(always)]
     pub(super) fn phase(self) -> Phase {
@@ -136,16 +120,6 @@ impl KeyStatus {
     }
 
     #[inline(always)]
-    pub(super) fn reported(self) -> bool {
-        self.0 & REPORTED != 0
-    }
-
-    #[inline(always)]
-    pub(super) fn set_reported(&mut self, on: bool) {
-        self.set(REPORTED, on);
-    }
-
-    #[inline(always)]
     pub(super) fn revalidating(self) -> bool {
         self.0 & REVALIDATING != 0
     }
@@ -153,6 +127,16 @@ impl KeyStatus {
     #[inline(always)]
     pub(super) fn set_revalidating(&mut self, on: bool) {
         self.set(REVALIDATING, on);
+    }
+
+    #[inline(always)]
+    pub(super) fn orphan(self) -> bool {
+        self.0 & ORPHAN != 0
+    }
+
+    #[inline(always)]
+    pub(super) fn set_orphan(&mut self, on: bool) {
+        self.set(ORPHAN, on);
     }
 
     #[inline(always)]
@@ -166,7 +150,7 @@ impl std::fmt::Debug for KeyStatus {
         f.debug_struct("KeyStatus")
             .field("phase", &self.phase())
             .field("revalidating", &self.revalidating())
-            .field("reported", &self.reported())
+            .field("orphan", &self.orphan())
             .finish()
     }
 }
@@ -175,15 +159,16 @@ impl std::fmt::Debug for KeyStatus {
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct KeyCold {
     /// Requests holding a reference. Zero only while a probe runs (the key
-    /// is retained for its answer, then forgotten).
+    /// is retained for its answer, then forgotten; its entry is marked
+    /// orphan meanwhile).
     pub(super) refs: u32,
     /// The serial of the request that created the entry (and holds a
     /// reference from then until its cleanup); `NO_REQUEST` once serials
     /// were renumbered.
     pub(super) creator: u32,
-    /// In phase `Failed`, when to probe again, in ledger ticks. In any other
-    /// phase, when the flush that submitted this generation happened, in
-    /// ledger ticks plus one; 0 if not flushed.
+    /// In phase `Failed`, when to probe again, in ledger ticks. In phase
+    /// `Queued` (and once its call started), when the flush that queued it
+    /// happened, in ledger ticks plus one. Not kept up to date otherwise.
     pub(super) time: u64,
 }
 
@@ -199,23 +184,6 @@ impl KeyEntry {
     #[inline(always)]
     pub(super) fn verdict(&self) -> Option<LookupVerdict> {
         VERDICTS[usize::from(self.status.0 & (PHASE_BITS | REVALIDATING))]
-    }
-
-    /// The verdict when the entry alone gives it: `None` if it is the key's
-    /// first answer from the tier (to be marked and timed; see
-    /// [`first_answer`](Self::first_answer)) or the probe failed (see
-    /// [`verdict`](Self::verdict)). One table read: the common lookup, a
-    /// key that was already answered, takes no branch on its state.
-    #[inline(always)]
-    pub(super) fn settled(&self) -> Option<LookupVerdict> {
-        SETTLED[usize::from(self.status.0 & (PHASE_BITS | REVALIDATING | REPORTED))]
-    }
-
-    /// Whether the verdict about to be returned is the key's first answer
-    /// from the tier (to be marked and timed).
-    #[inline(always)]
-    pub(super) fn first_answer(&self) -> bool {
-        !self.status.reported() && (self.status.is(Phase::Present) || self.status.is(Phase::Absent))
     }
 }
 
@@ -236,10 +204,6 @@ pub(super) struct KeyTable {
     index: HashTable<Slot>,
     /// Each entry's hot part, with its cold part in a parallel array.
     slab: Slab<KeyEntry, KeyCold>,
-    /// The flush time of keys that failed before their first verdict was
-    /// returned (their `KeyCold::time` holds the retry time): rare, so kept
-    /// apart rather than in every entry.
-    pub(super) failed_flushed_at: FastMap<Slot, u64>,
 }
 
 impl KeyTable {
@@ -286,12 +250,6 @@ impl KeyTable {
             found.remove();
         }
         self.slab.remove(slot);
-        if self.slab.len == 0 {
-            // The slab started again from index 0.
-            self.failed_flushed_at.clear();
-        } else if !self.failed_flushed_at.is_empty() {
-            self.failed_flushed_at.remove(&slot);
-        }
     }
 
     /// Both parts of the entry at `slot`.
@@ -315,18 +273,13 @@ impl KeyTable {
     }
 
     /// Moves the key at `slot` to phase `Failed`, to be probed again at
-    /// `retry_at` (ticks); its flush time moves aside if its first verdict
-    /// is still to be returned.
+    /// `retry_at` (ticks).
     #[inline]
     pub(super) fn set_failed(&mut self, slot: Slot, retry_at: u64) {
-        let Some((state, cold)) = self.slab.get_both(slot) else {
-            return;
-        };
-        state.status.set_phase(Phase::Failed);
-        state.status.set_revalidating(false);
-        let flushed_at = std::mem::replace(&mut cold.time, retry_at);
-        if !state.status.reported() {
-            self.failed_flushed_at.insert(slot, flushed_at);
+        if let Some((state, cold)) = self.slab.get_both(slot) {
+            state.status.set_phase(Phase::Failed);
+            state.status.set_revalidating(false);
+            cold.time = retry_at;
         }
     }
 
@@ -354,21 +307,20 @@ impl KeyTable {
 mod tests {
     use super::*;
 
-    const ALL_PHASES: [Phase; 7] = [
-        Phase::Unsubmitted,
+    const ALL_PHASES: [Phase; 6] = [
+        Phase::Probing,
         Phase::Queued,
-        Phase::InFlight,
         Phase::Present,
         Phase::Absent,
         Phase::ForcedMiss,
         Phase::Failed,
     ];
 
-    fn entry(phase: Phase, revalidating: bool, reported: bool) -> KeyEntry {
+    fn entry(phase: Phase, revalidating: bool, orphan: bool) -> KeyEntry {
         let mut status = KeyStatus::NEW;
         status.set_phase(phase);
         status.set_revalidating(revalidating);
-        status.set_reported(reported);
+        status.set_orphan(orphan);
         KeyEntry {
             key: OffloadKey::new(&[7; 36]),
             generation: 0,
@@ -380,66 +332,46 @@ mod tests {
     #[test]
     fn a_status_keeps_its_phase_and_flags_apart() {
         for phase in ALL_PHASES {
-            for (revalidating, reported) in
+            for (revalidating, orphan) in
                 [(false, false), (false, true), (true, false), (true, true)]
             {
-                let mut s = entry(phase, revalidating, reported).status;
+                let mut s = entry(phase, revalidating, orphan).status;
                 assert_eq!(s.phase(), phase);
                 assert!(s.is(phase));
-                assert_eq!((s.revalidating(), s.reported()), (revalidating, reported));
+                assert_eq!((s.revalidating(), s.orphan()), (revalidating, orphan));
                 for other in ALL_PHASES {
                     s.set_phase(other);
                     assert_eq!(s.phase(), other);
-                    assert_eq!((s.revalidating(), s.reported()), (revalidating, reported));
+                    assert_eq!((s.revalidating(), s.orphan()), (revalidating, orphan));
                 }
-                s.set_reported(!reported);
-                assert_eq!((s.revalidating(), s.reported()), (revalidating, !reported));
+                s.set_orphan(!orphan);
+                assert_eq!((s.revalidating(), s.orphan()), (revalidating, !orphan));
                 s.set_revalidating(!revalidating);
-                assert_eq!((s.revalidating(), s.reported()), (!revalidating, !reported));
+                assert_eq!((s.revalidating(), s.orphan()), (!revalidating, !orphan));
                 assert_eq!(s.phase(), Phase::Failed);
             }
         }
-        assert_eq!(KeyStatus::NEW.phase(), Phase::Unsubmitted);
-        assert!(!KeyStatus::NEW.reported() && !KeyStatus::NEW.revalidating());
+        assert_eq!(KeyStatus::NEW.phase(), Phase::Probing);
+        assert!(!KeyStatus::NEW.orphan() && !KeyStatus::NEW.revalidating());
     }
 
     #[test]
-    fn a_settled_verdict_is_the_verdict_unless_it_is_the_first_answer() {
+    fn the_verdict_table_answers_by_phase_and_revalidation_only() {
+        use LookupVerdict::*;
         use Phase::*;
-        for phase in ALL_PHASES {
-            for (revalidating, reported) in
-                [(false, false), (false, true), (true, false), (true, true)]
-            {
-                let entry = entry(phase, revalidating, reported);
-                let want = entry.verdict().filter(|_| !entry.first_answer());
-                assert_eq!(entry.settled(), want, "{phase:?} {revalidating} {reported}");
+        for orphan in [false, true] {
+            let v = |phase, revalidating| entry(phase, revalidating, orphan).verdict();
+            for revalidating in [false, true] {
+                assert_eq!(v(Present, revalidating), Some(Hit));
+                assert_eq!(v(Absent, revalidating), Some(Miss));
+                assert_eq!(v(ForcedMiss, revalidating), Some(Miss));
+                assert_eq!(v(Failed, revalidating), None);
+            }
+            for waiting in [Probing, Queued] {
+                assert_eq!(v(waiting, false), Some(Pending));
+                assert_eq!(v(waiting, true), Some(Miss), "a re-check never waits");
             }
         }
-        let answered = |phase, reported| entry(phase, false, reported);
-        assert_eq!(
-            entry(Present, false, false).verdict(),
-            Some(LookupVerdict::Hit)
-        );
-        assert_eq!(
-            entry(Queued, true, false).verdict(),
-            Some(LookupVerdict::Miss)
-        );
-        assert_eq!(
-            entry(Queued, false, false).verdict(),
-            Some(LookupVerdict::Pending)
-        );
-        assert_eq!(entry(Failed, false, true).verdict(), None);
-        assert!(entry(Absent, false, false).first_answer());
-        assert!(!entry(Absent, false, true).first_answer());
-        assert!(!entry(ForcedMiss, false, false).first_answer());
-        assert_eq!(answered(Present, true).settled(), Some(LookupVerdict::Hit));
-        assert_eq!(answered(Present, false).settled(), None);
-        assert_eq!(answered(Absent, true).settled(), Some(LookupVerdict::Miss));
-        assert_eq!(
-            answered(InFlight, false).settled(),
-            Some(LookupVerdict::Pending)
-        );
-        assert_eq!(answered(Failed, true).settled(), None);
     }
 
     #[test]
