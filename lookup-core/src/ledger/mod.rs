@@ -269,6 +269,27 @@ struct RequestEntry {
     batch_epoch: u64,
 }
 
+/// The request of the previous lookup: the address of its id's `Arc`
+/// (compared with the asking context's, never dereferenced), its slot and
+/// serial. The address cannot be another request's while it is cached:
+/// the `Arc` is the one the request was registered with, kept by
+/// `requests` until its cleanup (which forgets this), or a clone in
+/// `last_request_hold`. No reference is counted per request switch, so
+/// the scheduler thread never touches the `Arc`'s count, which the worker
+/// writes when it drops a finished call's context.
+#[derive(Debug, Clone, Copy)]
+struct LastRequest {
+    id: usize,
+    slot: Slot,
+    serial: u32,
+}
+
+/// The address of a context's id, to compare with [`LastRequest::id`].
+#[inline(always)]
+fn id_address(ctx: &ReqContext) -> usize {
+    Arc::as_ptr(ctx.req_id_arc()).cast::<u8>().addr()
+}
+
 #[derive(Debug)]
 struct RunningCall {
     step: u64,
@@ -323,9 +344,12 @@ pub struct Ledger {
     /// Request id → its entry in `request_slab`.
     requests: FastMap<Arc<str>, Slot>,
     request_slab: Slab<RequestEntry>,
-    /// The request of the previous lookup (id, slot, serial), to skip
-    /// hashing its id again.
-    last_request: Option<(Arc<str>, Slot, u32)>,
+    /// The request of the previous lookup, to skip hashing its id again.
+    last_request: Option<LastRequest>,
+    /// A clone of the previous lookup's id when it is not the `Arc` the
+    /// request was registered with (a caller passing another context with
+    /// the same id): keeps its address that request's while it is cached.
+    last_request_hold: Option<Arc<str>>,
     next_generation: u64,
     /// Serials are 32 bits (they sit in every key's hot entry); when they
     /// run out, live requests are renumbered from 0 and every key's marks
@@ -386,6 +410,7 @@ impl Ledger {
             requests: FastMap::default(),
             request_slab: Slab::default(),
             last_request: None,
+            last_request_hold: None,
             next_generation: 0,
             next_serial: 0,
             spare_lists: Vec::new(),
@@ -438,10 +463,10 @@ impl Ledger {
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
         // already holds.
-        if let Some((id, request, serial)) = &self.last_request
-            && Arc::ptr_eq(id, ctx.req_id_arc())
+        if let Some(last) = self.last_request
+            && last.id == id_address(ctx)
         {
-            let (request, serial) = (*request, *serial);
+            let (request, serial) = (last.slot, last.serial);
             self.counters.lookups += 1;
             // The key is held if its mark names this request or, when
             // another request asked for it since (requests that share blocks
@@ -659,17 +684,23 @@ impl Ledger {
     /// The request's slot and serial, registering a request seen for the
     /// first time; `None` only if 2^32 requests are live.
     fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u32)> {
-        if let Some((id, slot, serial)) = &self.last_request
-            && Arc::ptr_eq(id, ctx.req_id_arc())
+        if let Some(last) = self.last_request
+            && last.id == id_address(ctx)
         {
-            return Some((*slot, *serial));
+            return Some((last.slot, last.serial));
         }
         let known = self
             .requests
-            .get(ctx.req_id())
-            .and_then(|&slot| Some((slot, self.request_slab.get(slot)?.serial)));
+            .get_key_value(ctx.req_id())
+            .and_then(|(registered, &slot)| {
+                let same = Arc::ptr_eq(registered, ctx.req_id_arc());
+                Some((slot, self.request_slab.get(slot)?.serial, same))
+            });
         let (slot, serial) = match known {
-            Some(found) => found,
+            Some((slot, serial, same)) => {
+                self.last_request_hold = (!same).then(|| Arc::clone(ctx.req_id_arc()));
+                (slot, serial)
+            }
             None => {
                 if self.next_serial == NO_REQUEST {
                     self.renumber_requests();
@@ -687,10 +718,15 @@ impl Ledger {
                 )?;
                 self.next_serial += 1;
                 self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
+                self.last_request_hold = None;
                 (slot, serial)
             }
         };
-        self.last_request = Some((Arc::clone(ctx.req_id_arc()), slot, serial));
+        self.last_request = Some(LastRequest {
+            id: id_address(ctx),
+            slot,
+            serial,
+        });
         Some((slot, serial))
     }
 
@@ -718,6 +754,7 @@ impl Ledger {
         }
         self.keys.forget_request_marks();
         self.last_request = None;
+        self.last_request_hold = None;
         self.next_serial = next;
     }
 
@@ -1157,6 +1194,14 @@ impl Ledger {
         }
     }
 
+    /// Gives back the key list of a finished call, for a later call to
+    /// reuse instead of allocating one. Optional: a transport that drops
+    /// its calls' lists loses nothing but the reuse.
+    #[inline]
+    pub fn reuse_keys(&mut self, keys: Vec<OffloadKey>) {
+        self.batch.recycle_keys(keys);
+    }
+
     /// Applies one key's result (`retry_at` for phase `Failed`) from a call
     /// whose keys were flushed at `call_flushed_at` (0: each at its own).
     /// `None` if it was not applied (a stale answer); else the flush time
@@ -1322,10 +1367,10 @@ impl Ledger {
         };
         if self
             .last_request
-            .as_ref()
-            .is_some_and(|(_, _, serial)| *serial == entry.serial)
+            .is_some_and(|last| last.serial == entry.serial)
         {
             self.last_request = None;
+            self.last_request_hold = None;
         }
         let batch_generation = self.batch_generation;
         let mut dirty = false;
@@ -1792,6 +1837,33 @@ mod tests {
         l.expire(t0 + ms(160));
         assert_eq!(l.stats().timeouts, 2);
         assert_eq!(verdict(&mut l, 3, ms(160)), LookupVerdict::Miss);
+    }
+
+    #[test]
+    fn a_context_with_a_registered_id_but_its_own_arc_is_never_taken_for_another() {
+        let mut l = ledger();
+        let now = Instant::now();
+        let mut lazy = LazyNow::at(now);
+        let key = |i: u8| OffloadKey::new(&[i; 36]);
+        let a = ReqContext::new("req-a");
+        l.lookup(&key(1), &a, &mut lazy).unwrap();
+        // The same request through a context of its own (another `Arc` with
+        // the same id), which the caller then drops.
+        let again = ReqContext::new("req-a");
+        l.lookup(&key(2), &again, &mut lazy).unwrap();
+        drop(again);
+        // New requests with ids of the same length: one may be allocated
+        // where the dropped id was, were the ledger not keeping it.
+        for (i, id) in ["req-b", "req-c", "req-d", "req-e"].into_iter().enumerate() {
+            let i = i as u8;
+            let other = ReqContext::new(id);
+            l.lookup(&key(10 + i), &other, &mut lazy).unwrap();
+            l.cleanup(other.req_id());
+            assert_eq!(l.stats().tracked_keys, 2, "{id} held only its own key");
+        }
+        assert_eq!(l.stats().tracked_requests, 1);
+        l.cleanup("req-a");
+        assert!(l.is_empty(), "{:?}", l.stats());
     }
 
     #[test]
