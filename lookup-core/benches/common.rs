@@ -34,13 +34,15 @@ pub fn ledger(max_queued: usize) -> Ledger {
 
 /// Flushes and answers every call, half the keys present, then expires
 /// what is past its deadline, as the manager does after applying answers
-/// (`AsyncLookupManager::flush` and every drain).
+/// (`AsyncLookupManager::flush` and every drain); each call's key list is
+/// given back for reuse, as the manager's worker does.
 pub fn flush_and_answer(ledger: &mut Ledger, now: Instant) {
     let mut calls = Vec::new();
     ledger.flush_and_start(now, &mut calls);
     for call in calls {
         let found = (0..call.keys.len()).map(|i| i % 2 == 0).collect();
         ledger.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
+        ledger.reuse_keys(call.keys);
     }
     ledger.expire(now);
 }

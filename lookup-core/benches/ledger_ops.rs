@@ -145,14 +145,32 @@ fn unanswered(active: &[Cohort]) -> usize {
 /// The minimal step loop of `kvbench w2`'s baseline, on the same steps as
 /// `measured_w2_step`: a new key is a get-or-insert into a `HashMap` plus a
 /// push onto its request's batch, a resolved key one `get`, an answer one
-/// `get_mut`, and a flush moves each request's `Vec`.
+/// `get_mut`, and a flush moves each request's `Vec`. Its phases are
+/// functions of their own, as `measured_w2_step`'s: `base_answers`,
+/// `base_answered` (the cohort flushed the step before) and `base_new`.
 #[inline(never)]
 fn measured_base_step(
-    state: &mut HashMap<OffloadKey, u8, kvtier_core::BuildPrehashed>,
+    state: &mut BaseMap,
     cohorts: &mut [Cohort],
     answers: &mut Vec<(Vec<OffloadKey>, Vec<bool>)>,
 ) -> Vec<Vec<OffloadKey>> {
-    const PENDING: u8 = 0;
+    base_answers(state, answers);
+    let mut batch = Vec::new();
+    let n = cohorts.len();
+    for (i, c) in cohorts.iter_mut().enumerate() {
+        if i + 1 == n {
+            base_new(state, c, &mut batch);
+        } else {
+            base_answered(state, c, &mut batch);
+        }
+    }
+    batch
+}
+
+type BaseMap = HashMap<OffloadKey, u8, kvtier_core::BuildPrehashed>;
+
+#[inline(never)]
+fn base_answers(state: &mut BaseMap, answers: &mut Vec<(Vec<OffloadKey>, Vec<bool>)>) {
     for (keys, found) in answers.drain(..) {
         for (key, present) in keys.iter().zip(found) {
             if let Some(s) = state.get_mut(key) {
@@ -160,8 +178,23 @@ fn measured_base_step(
             }
         }
     }
-    let mut batch = Vec::new();
-    for (_, keys, done) in cohorts.iter_mut().flatten() {
+}
+
+#[inline(never)]
+fn base_new(state: &mut BaseMap, c: &mut Cohort, batch: &mut Vec<Vec<OffloadKey>>) {
+    base_lookups(state, c, batch);
+}
+
+#[inline(never)]
+fn base_answered(state: &mut BaseMap, c: &mut Cohort, batch: &mut Vec<Vec<OffloadKey>>) {
+    // `black_box`: two identical functions would be merged into one.
+    base_lookups(state, c, black_box(batch));
+}
+
+#[inline(always)]
+fn base_lookups(state: &mut BaseMap, c: &mut Cohort, batch: &mut Vec<Vec<OffloadKey>>) {
+    const PENDING: u8 = 0;
+    for (_, keys, done) in c.iter_mut() {
         let mut new_keys = Vec::new();
         for (k, d) in keys.iter().zip(done.iter_mut()) {
             if *d {
@@ -180,7 +213,6 @@ fn measured_base_step(
             batch.push(new_keys);
         }
     }
-    batch
 }
 
 fn main() {

@@ -319,6 +319,7 @@ impl<T: Tier> AsyncLookupManager<T> {
         while let Ok(finished) = self.results.try_recv() {
             self.ledger
                 .complete(finished.id, finished.outcome, finished.elapsed, now);
+            self.ledger.reuse_keys(finished.keys);
         }
         self.ledger.expire(now);
     }

@@ -27,6 +27,7 @@ use tracing::Instrument;
 
 use crate::config::ManagerConfig;
 use crate::error::{TierError, TierErrorKind};
+use crate::key::OffloadKey;
 use crate::ledger::{CallId, CallOutcome, TierCall};
 use crate::runtime::{Latch, SetOnDrop, Spawner};
 use crate::tier::Tier;
@@ -69,6 +70,9 @@ pub(crate) struct Finished {
     pub(crate) id: CallId,
     pub(crate) outcome: CallOutcome,
     pub(crate) elapsed: Duration,
+    /// The call's key list, emptied, for the ledger to reuse (empty and
+    /// unallocated when the call did not give it back: a timeout, a panic).
+    pub(crate) keys: Vec<OffloadKey>,
 }
 
 /// How results reach the scheduler: a channel, a flag the hot path can read
@@ -108,12 +112,13 @@ struct Reply {
 }
 
 impl Reply {
-    fn send(mut self, outcome: CallOutcome, elapsed: Duration) {
+    fn send(mut self, outcome: CallOutcome, elapsed: Duration, keys: Vec<OffloadKey>) {
         self.sent = true;
         self.publisher.publish(Finished {
             id: self.id,
             outcome,
             elapsed,
+            keys,
         });
     }
 }
@@ -133,6 +138,7 @@ impl Drop for Reply {
                  (its runtime shut down, or has no time driver)",
             )),
             elapsed: self.arrived.elapsed(),
+            keys: Vec::new(),
         });
     }
 }
@@ -278,7 +284,7 @@ async fn run_call<T: Tier>(
         // publishes an error.
         Ok(Err(_)) => return,
         Err(_) => {
-            reply.send(CallOutcome::TimedOut, arrived.elapsed());
+            reply.send(CallOutcome::TimedOut, arrived.elapsed(), Vec::new());
             return;
         }
     };
@@ -296,14 +302,29 @@ async fn run_call<T: Tier>(
     let keys = call.keys;
     let ctx = call.ctx;
     // A task of its own, so a panic in the tier is caught as a JoinError and
-    // a timeout (or this task's abort) cancels it.
-    let task = AbortOnDrop(tokio::spawn(CURRENT_CALL.scope(
-        call.id.0,
-        async move { tier.batch_lookup(&keys, &ctx).await }.instrument(span.clone()),
-    )));
+    // a timeout (or this task's abort) cancels it. The key list comes back,
+    // emptied here, for the ledger to reuse.
+    let task = AbortOnDrop(tokio::spawn(
+        CURRENT_CALL.scope(
+            call.id.0,
+            async move {
+                let found = tier.batch_lookup(&keys, &ctx).await;
+                let mut keys = keys;
+                keys.clear();
+                (found, keys)
+            }
+            .instrument(span.clone()),
+        ),
+    ));
+    let mut keys = Vec::new();
     let outcome = match tokio::time::timeout_at(call.deadline.into(), task).await {
-        Ok(Ok(Ok(found))) => CallOutcome::Answered(found),
-        Ok(Ok(Err(err))) => CallOutcome::Failed(err),
+        Ok(Ok((found, emptied))) => {
+            keys = emptied;
+            match found {
+                Ok(found) => CallOutcome::Answered(found),
+                Err(err) => CallOutcome::Failed(err),
+            }
+        }
         Ok(Err(join)) if join.is_panic() => CallOutcome::Failed(TierError::new(
             TierErrorKind::Panicked,
             format!("batch_lookup panicked for {n_keys} keys"),
@@ -324,7 +345,7 @@ async fn run_call<T: Tier>(
     };
     span.record("outcome", label);
     span.record("elapsed_us", elapsed.as_micros() as u64);
-    reply.send(outcome, elapsed);
+    reply.send(outcome, elapsed, keys);
 }
 
 impl WorkerHandle {

@@ -29,6 +29,9 @@ pub(super) struct Batch {
     /// Emptied probe vectors of answered calls, reused by new runs: a step
     /// then allocates no vector per request.
     spare: Vec<Vec<Probe>>,
+    /// Emptied key lists of answered calls, given back by the transport
+    /// (see `Ledger::reuse_keys`), reused the same way.
+    spare_keys: Vec<Vec<OffloadKey>>,
 }
 
 #[derive(Debug)]
@@ -84,7 +87,10 @@ impl Batch {
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY));
         probes.push(probe);
-        let mut keys = Vec::with_capacity(RUN_CAPACITY);
+        let mut keys = self
+            .spare_keys
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY));
         keys.push(key.clone());
         self.runs.push(BatchRun {
             request: (request, serial),
@@ -100,6 +106,15 @@ impl Batch {
         if probes.capacity() == RUN_CAPACITY && self.spare.len() < SPARE_RUNS {
             probes.clear();
             self.spare.push(probes);
+        }
+    }
+
+    /// Keeps a call's key list of the usual size, emptied, for a later run.
+    #[inline]
+    pub(super) fn recycle_keys(&mut self, mut keys: Vec<OffloadKey>) {
+        if keys.capacity() == RUN_CAPACITY && self.spare_keys.len() < SPARE_RUNS {
+            keys.clear();
+            self.spare_keys.push(keys);
         }
     }
 
