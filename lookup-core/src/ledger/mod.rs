@@ -138,6 +138,7 @@
 
 mod batch;
 mod call;
+mod index;
 mod slab;
 mod table;
 

@@ -1,8 +1,7 @@
 //! The tracked keys: one slab entry per key, found through a table of
 //! slots keyed by the key's precomputed hash; see the ledger's "Layout".
 
-use hashbrown::HashTable;
-
+use super::index::SlotIndex;
 use super::slab::{Slab, Slot};
 use crate::key::OffloadKey;
 use crate::verdict::LookupVerdict;
@@ -201,7 +200,7 @@ impl KeyCold {
 /// The tracked keys: entries in a slab, found through a table of slots.
 #[derive(Debug, Default)]
 pub(super) struct KeyTable {
-    index: HashTable<Slot>,
+    index: SlotIndex,
     /// Each entry's hot part, with its cold part in a parallel array.
     slab: Slab<KeyEntry, KeyCold>,
 }
@@ -217,7 +216,7 @@ impl KeyTable {
     pub(super) fn find_entry(&self, key: &OffloadKey) -> Option<(Slot, &KeyEntry)> {
         let slab = &self.slab;
         let mut found = None;
-        let slot = *self.index.find(key.prehash(), |&slot| {
+        let slot = self.index.find(key.prehash(), |slot| {
             found = slab.get(slot).filter(|entry| entry.key == *key);
             found.is_some()
         })?;
@@ -235,7 +234,7 @@ impl KeyTable {
     ) -> Option<Slot> {
         let slot = self.slab.insert_with(cold, make)?;
         let slab = &self.slab;
-        self.index.insert_unique(hash, slot, |&s| {
+        self.index.insert(hash, slot, |s| {
             slab.get(s).map_or(0, |entry| entry.key.prehash())
         });
         Some(slot)
@@ -246,9 +245,7 @@ impl KeyTable {
         let Some(entry) = self.slab.get(slot) else {
             return;
         };
-        if let Ok(found) = self.index.find_entry(entry.key.prehash(), |&s| s == slot) {
-            found.remove();
-        }
+        self.index.remove(entry.key.prehash(), slot);
         self.slab.remove(slot);
     }
 
