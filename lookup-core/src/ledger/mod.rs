@@ -156,7 +156,9 @@ pub use crate::verdict::{LookupVerdict, PrefixVerdict};
 use batch::{Batch, Group, RUN_CAPACITY};
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
 use slab::{Slab, Slot};
-use table::{KeyCold, KeyEntry, KeyStatus, KeyTable, NO_REQUEST, Phase, Probe};
+use table::{
+    KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe, generation_before, next_generation,
+};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -469,14 +471,14 @@ impl Ledger {
         {
             let (request, serial) = (last.slot, last.serial);
             self.counters.lookups += 1;
-            // The key is held if its mark names this request or, when
-            // another request asked for it since (requests that share blocks
-            // take turns, so the mark names another one), if it is the next
-            // one this request shares, in the order it asked before, or the
-            // one it just asked for. The mark stays: it names a request that
-            // holds the key too, most often its creator, whose own asks then
-            // stay here.
+            // The key is held if its mark or its creator names this request
+            // or, when another request asked for it since (requests that
+            // share blocks take turns, so the mark names another one), if
+            // it is the next one this request shares, in the order it asked
+            // before, or the one it just asked for. The mark stays: it names
+            // a request that holds the key too.
             let held = state.last_req == serial
+                || state.creator == serial
                 || self
                     .request_slab
                     .get_mut(request)
@@ -544,19 +546,13 @@ impl Ledger {
                 return LookupVerdict::Pending;
             }
             let generation = self.next_generation;
-            let Some(slot) = self
-                .keys
-                .insert(key.prehash(), KeyCold::new(serial), || KeyEntry {
-                    key: key.clone(),
-                    generation,
-                    last_req: serial,
-                    status: KeyStatus::NEW,
-                })
-            else {
+            let Some(slot) = self.keys.insert(key.prehash(), KeyCold::NEW, || {
+                KeyEntry::new(key.clone(), generation, serial)
+            }) else {
                 self.counters.deferred += 1;
                 return LookupVerdict::Pending;
             };
-            self.next_generation += 1;
+            self.next_generation = next_generation(generation);
             self.push_probe(request, serial, ctx, (slot, generation), key);
             if let Some(req) = self.request_slab.get_mut(request) {
                 if req.created.capacity() == 0 {
@@ -588,13 +584,13 @@ impl Ledger {
         let mut compact = false;
         if state.last_req != serial {
             state.last_req = serial;
-            if cold.creator != serial
+            if state.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
                 && !req.shared.follows(slot)
             {
                 cold.refs += 1;
                 // Referred to again: no longer kept only for its answer.
-                state.status.set_orphan(false);
+                state.set_orphan(false);
                 let shared = &mut req.shared;
                 if shared.slots.capacity() == 0 {
                     shared.slots = new_list(&mut self.spare_lists);
@@ -641,10 +637,10 @@ impl Ledger {
             return LookupVerdict::Miss;
         };
         if now_ticks >= cold.time {
-            self.next_generation += 1;
-            state.generation = generation;
-            state.status.set_phase(Phase::Probing);
-            state.status.set_revalidating(true);
+            self.next_generation = next_generation(generation);
+            state.set_generation(generation);
+            state.set_phase(Phase::Probing);
+            state.set_revalidating(true);
             cold.time = 0;
             let key = state.key.clone();
             self.push_probe(request, serial, ctx, (slot, generation), &key);
@@ -765,6 +761,19 @@ impl Ledger {
         self.next_serial = serial;
     }
 
+    /// Starts probe generations at `generation` (modulo 2^56, their width),
+    /// to test their wrap-around: a ledger that has handed out no probe yet
+    /// behaves the same from any starting generation. Does nothing once a
+    /// key is tracked.
+    #[cfg(feature = "testkit")]
+    #[doc(hidden)]
+    pub fn start_generations_at(&mut self, generation: u64) {
+        if self.is_empty() {
+            self.next_generation = generation & table::GENERATION_MASK;
+            self.batch_generation = self.next_generation;
+        }
+    }
+
     /// Moves the keys looked up since the last flush into per-request groups
     /// waiting for a tier call. A request that still has a group waiting
     /// gets the new keys added to it (up to `max_keys_per_call`), so a
@@ -838,10 +847,10 @@ impl Ledger {
                 let Some((state, cold)) = keys.probe_both(probe) else {
                     return false;
                 };
-                if !state.status.is(Phase::Probing) {
+                if !state.status().is(Phase::Probing) {
                     return false;
                 }
-                state.status.set_phase(Phase::Queued);
+                state.set_phase(Phase::Queued);
                 cold.time = flushed_at;
                 *queued_keys += 1;
                 true
@@ -957,7 +966,7 @@ impl Ledger {
             if self
                 .keys
                 .probe_both(probe)
-                .is_some_and(|(state, _)| state.status.is(Phase::Probing))
+                .is_some_and(|(state, _)| state.status().is(Phase::Probing))
             {
                 probes[kept] = probe;
                 keys.swap(kept, i);
@@ -977,9 +986,9 @@ impl Ledger {
         for i in 0..probes.len() {
             let probe = probes[i];
             if let Some((state, _)) = self.keys.probe_both(probe)
-                && state.status.is(Phase::Queued)
+                && state.status().is(Phase::Queued)
             {
-                state.status.set_phase(Phase::Probing);
+                state.set_phase(Phase::Probing);
                 keys.push(state.key.clone());
                 probes[kept] = probe;
                 kept += 1;
@@ -1096,12 +1105,7 @@ impl Ledger {
             CallOutcome::Answered(found) if found.len() == call.probes.len() => {
                 let mut first_verdicts = 0;
                 for (&probe, present) in call.probes.iter().zip(found) {
-                    let phase = if present {
-                        Phase::Present
-                    } else {
-                        Phase::Absent
-                    };
-                    let timed = self.resolve(probe, phase, 0, call.flushed_at);
+                    let timed = self.answer(probe, present, call.flushed_at);
                     self.time_first_verdict(timed, call.flushed_at, now_ticks, &mut first_verdicts);
                 }
                 self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
@@ -1203,6 +1207,39 @@ impl Ledger {
         self.batch.recycle_keys(keys);
     }
 
+    /// [`resolve`](Self::resolve) of a tier's answer, `present` or not: the
+    /// common case, with no branch on the answer.
+    #[inline(always)]
+    fn answer(&mut self, probe: Probe, present: bool, call_flushed_at: u64) -> Option<u64> {
+        let Some((state, cold)) = self.keys.get_both(probe.0) else {
+            self.counters.stale_results_dropped += 1;
+            return None;
+        };
+        let status = state.status();
+        if state.generation() != probe.1 || !status.is(Phase::Probing) {
+            // Forgotten, re-probed, or forced to miss while in flight:
+            // mark_miss wins.
+            self.counters.stale_results_dropped += 1;
+            return None;
+        }
+        self.counters.hits += u64::from(present);
+        self.counters.misses += u64::from(!present);
+        if status.orphan() {
+            // Retained only for this answer; nobody is asking any more.
+            self.keys.remove(probe.0);
+            return Some(0);
+        }
+        let timed = if status.revalidating() {
+            0
+        } else if call_flushed_at != 0 {
+            call_flushed_at
+        } else {
+            cold.time
+        };
+        state.set_answer(present);
+        Some(timed)
+    }
+
     /// Applies one key's result (`retry_at` for phase `Failed`) from a call
     /// whose keys were flushed at `call_flushed_at` (0: each at its own).
     /// `None` if it was not applied (a stale answer); else the flush time
@@ -1221,7 +1258,7 @@ impl Ledger {
         let Some((state, cold)) = self
             .keys
             .probe_both(probe)
-            .filter(|(s, _)| s.status.is(Phase::Probing))
+            .filter(|(s, _)| s.status().is(Phase::Probing))
         else {
             // Forgotten, re-probed, or forced to miss while in flight:
             // mark_miss wins.
@@ -1233,12 +1270,12 @@ impl Ledger {
             Phase::Absent => self.counters.misses += 1,
             _ => {}
         }
-        if state.status.orphan() {
+        if state.status().orphan() {
             // Retained only for this answer; nobody is asking any more.
             self.keys.remove(probe.0);
             return Some(0);
         }
-        let timed = if state.status.revalidating() {
+        let timed = if state.status().revalidating() {
             0
         } else if call_flushed_at != 0 {
             call_flushed_at
@@ -1248,8 +1285,8 @@ impl Ledger {
         if phase == Phase::Failed {
             self.keys.set_failed(probe.0, retry_at);
         } else {
-            state.status.set_phase(phase);
-            state.status.set_revalidating(false);
+            state.set_phase(phase);
+            state.set_revalidating(false);
         }
         Some(timed)
     }
@@ -1298,8 +1335,8 @@ impl Ledger {
                 let Some((state, cold)) = self.keys.probe_both(probe) else {
                     continue;
                 };
-                if state.status.is(Phase::Queued) && cold.time == flushed_at {
-                    first_verdicts += u64::from(!state.status.revalidating());
+                if state.status().is(Phase::Queued) && cold.time == flushed_at {
+                    first_verdicts += u64::from(!state.status().revalidating());
                     self.keys.set_failed(probe.0, retry_at);
                     self.counters.timeouts += 1;
                 }
@@ -1340,17 +1377,19 @@ impl Ledger {
                 continue;
             };
             self.counters.forced_misses += 1;
-            debug_assert_eq!(state.status.orphan(), cold.refs == 0);
-            if state.status.orphan() {
+            debug_assert_eq!(state.status().orphan(), cold.refs == 0);
+            if state.status().orphan() {
                 // Kept only for a running probe's answer, which no longer
                 // matters: forget it (a late answer is then dropped).
                 self.keys.remove(slot);
             } else {
-                if state.status.is(Phase::Probing) && state.generation >= self.batch_generation {
+                if state.status().is(Phase::Probing)
+                    && !generation_before(state.generation(), self.batch_generation)
+                {
                     // Its probe in the flush batch is stale now.
                     self.batch_dirty = true;
                 }
-                state.status.set_phase(Phase::ForcedMiss);
+                state.set_phase(Phase::ForcedMiss);
             }
         }
     }
@@ -1381,10 +1420,10 @@ impl Ledger {
                 if cold.refs > 0 {
                     return;
                 }
-                if state.status.is(Phase::Probing) {
-                    if state.generation < batch_generation {
+                if state.status().is(Phase::Probing) {
+                    if generation_before(state.generation(), batch_generation) {
                         // In flight: kept for its answer, which forgets it.
-                        state.status.set_orphan(true);
+                        state.set_orphan(true);
                         return;
                     }
                     // Its probe in the flush batch is stale now.

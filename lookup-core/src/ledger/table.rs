@@ -9,6 +9,24 @@ use crate::verdict::LookupVerdict;
 /// One probe of one key: its slot and the generation it was submitted under.
 pub(super) type Probe = (Slot, u64);
 
+/// Generations are 56 bits (they share a word with the status byte in
+/// each key's hot entry) and wrap: see [`generation_before`].
+pub(super) const GENERATION_MASK: u64 = (1 << 56) - 1;
+
+/// Whether generation `a` was handed out before `b`, across a wrap: the
+/// live generations (probes waiting for a flush, a call slot or an
+/// answer) span far less than half the 2^56 of them.
+#[inline(always)]
+pub(super) fn generation_before(a: u64, b: u64) -> bool {
+    a.wrapping_sub(b) & GENERATION_MASK >= 1 << 55
+}
+
+/// The generation after `g`.
+#[inline(always)]
+pub(super) fn next_generation(g: u64) -> u64 {
+    (g + 1) & GENERATION_MASK
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(super) enum Phase {
@@ -58,17 +76,22 @@ const VERDICTS: [Option<LookupVerdict>; 16] = {
 /// A request serial no request has: the "no request" mark of an entry.
 pub(super) const NO_REQUEST: u32 = u32::MAX;
 
-/// The hot part of a tracked key: what a lookup reads, in one cache line.
+/// The hot part of a tracked key: what a lookup reads, in one cache line
+/// (48 bytes of key, 8 of generation and status, 4 and 4 of request marks).
 #[derive(Debug)]
 #[repr(align(64))]
 pub(super) struct KeyEntry {
     pub(super) key: OffloadKey,
-    pub(super) generation: u64,
-    /// The serial of the last request that touched the key: skips the
-    /// membership probe when a request asks for its own key again.
+    /// The generation of the key's current probe (the high 56 bits) and its
+    /// [`KeyStatus`] (the low byte).
+    probe: u64,
+    /// The serial of the last request that took a reference or was found
+    /// holding one: skips the membership check when it asks again.
     pub(super) last_req: u32,
-    /// The phase and two flags, in one byte.
-    pub(super) status: KeyStatus,
+    /// The serial of the request that created the entry (and holds a
+    /// reference from then until its cleanup); `NO_REQUEST` once serials
+    /// were renumbered. Its own asks need no membership check.
+    pub(super) creator: u32,
 }
 
 /// A key's phase and two flags in one byte, so that a lookup reads them in
@@ -161,10 +184,6 @@ pub(super) struct KeyCold {
     /// is retained for its answer, then forgotten; its entry is marked
     /// orphan meanwhile).
     pub(super) refs: u32,
-    /// The serial of the request that created the entry (and holds a
-    /// reference from then until its cleanup); `NO_REQUEST` once serials
-    /// were renumbered.
-    pub(super) creator: u32,
     /// In phase `Failed`, when to probe again, in ledger ticks. In phase
     /// `Queued` (and once its call started), when the flush that queued it
     /// happened, in ledger ticks plus one. Not kept up to date otherwise.
@@ -172,6 +191,65 @@ pub(super) struct KeyCold {
 }
 
 impl KeyEntry {
+    /// A key first looked up by the request with serial `creator`, probed
+    /// under `generation`: in the flush batch, no flag.
+    #[inline(always)]
+    pub(super) fn new(key: OffloadKey, generation: u64, creator: u32) -> Self {
+        Self {
+            key,
+            probe: generation << 8 | u64::from(KeyStatus::NEW.0),
+            last_req: creator,
+            creator,
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn generation(&self) -> u64 {
+        self.probe >> 8
+    }
+
+    /// A new probe under `generation` (56 bits), the status unchanged.
+    #[inline(always)]
+    pub(super) fn set_generation(&mut self, generation: u64) {
+        self.probe = generation << 8 | (self.probe & 0xff);
+    }
+
+    #[inline(always)]
+    pub(super) fn status(&self) -> KeyStatus {
+        KeyStatus(self.probe as u8)
+    }
+
+    #[inline(always)]
+    fn update(&mut self, change: impl FnOnce(&mut KeyStatus)) {
+        let mut status = self.status();
+        change(&mut status);
+        self.probe = (self.probe & !0xff) | u64::from(status.0);
+    }
+
+    #[inline(always)]
+    pub(super) fn set_phase(&mut self, phase: Phase) {
+        self.update(|s| s.set_phase(phase));
+    }
+
+    #[inline(always)]
+    pub(super) fn set_revalidating(&mut self, on: bool) {
+        self.update(|s| s.set_revalidating(on));
+    }
+
+    /// The tier's answer: phase `Present` or `Absent`, no longer
+    /// revalidating, the orphan bit and generation unchanged.
+    #[inline(always)]
+    pub(super) fn set_answer(&mut self, present: bool) {
+        const _: () = assert!(Phase::Present as u8 + 1 == Phase::Absent as u8);
+        let phase = Phase::Absent as u64 - u64::from(present);
+        self.probe = (self.probe & !u64::from(PHASE_BITS | REVALIDATING)) | phase;
+    }
+
+    #[inline(always)]
+    pub(super) fn set_orphan(&mut self, on: bool) {
+        self.update(|s| s.set_orphan(on));
+    }
+
     /// The verdict the entry gives a request that holds it; `None` in phase
     /// `Failed` (which may start a new probe).
     ///
@@ -182,19 +260,13 @@ impl KeyEntry {
     /// on a table larger than the cache is most of their cost.
     #[inline(always)]
     pub(super) fn verdict(&self) -> Option<LookupVerdict> {
-        VERDICTS[usize::from(self.status.0 & (PHASE_BITS | REVALIDATING))]
+        VERDICTS[usize::from(self.status().0 & (PHASE_BITS | REVALIDATING))]
     }
 }
 
 impl KeyCold {
-    #[inline]
-    pub(super) fn new(creator: u32) -> Self {
-        Self {
-            refs: 1,
-            creator,
-            time: 0,
-        }
-    }
+    /// The cold part of a new key: its creator's reference.
+    pub(super) const NEW: Self = Self { refs: 1, time: 0 };
 }
 
 /// The tracked keys: entries in a slab, found through a table of slots.
@@ -266,7 +338,7 @@ impl KeyTable {
     #[inline]
     pub(super) fn probe_both(&mut self, probe: Probe) -> Option<(&mut KeyEntry, &mut KeyCold)> {
         self.get_both(probe.0)
-            .filter(|(entry, _)| entry.generation == probe.1)
+            .filter(|(entry, _)| entry.generation() == probe.1)
     }
 
     /// Moves the key at `slot` to phase `Failed`, to be probed again at
@@ -274,8 +346,8 @@ impl KeyTable {
     #[inline]
     pub(super) fn set_failed(&mut self, slot: Slot, retry_at: u64) {
         if let Some((state, cold)) = self.slab.get_both(slot) {
-            state.status.set_phase(Phase::Failed);
-            state.status.set_revalidating(false);
+            state.set_phase(Phase::Failed);
+            state.set_revalidating(false);
             cold.time = retry_at;
         }
     }
@@ -283,9 +355,9 @@ impl KeyTable {
     /// Forgets every entry's request marks (after request serials were
     /// renumbered): the next ask of each key checks membership again.
     pub(super) fn forget_request_marks(&mut self) {
-        for (entry, cold) in self.slab.iter_mut() {
+        for (entry, _) in self.slab.iter_mut() {
             entry.last_req = NO_REQUEST;
-            cold.creator = NO_REQUEST;
+            entry.creator = NO_REQUEST;
         }
     }
 
@@ -314,16 +386,11 @@ mod tests {
     ];
 
     fn entry(phase: Phase, revalidating: bool, orphan: bool) -> KeyEntry {
-        let mut status = KeyStatus::NEW;
-        status.set_phase(phase);
-        status.set_revalidating(revalidating);
-        status.set_orphan(orphan);
-        KeyEntry {
-            key: OffloadKey::new(&[7; 36]),
-            generation: 0,
-            last_req: 0,
-            status,
-        }
+        let mut entry = KeyEntry::new(OffloadKey::new(&[7; 36]), GENERATION_MASK, 0);
+        entry.set_phase(phase);
+        entry.set_revalidating(revalidating);
+        entry.set_orphan(orphan);
+        entry
     }
 
     #[test]
@@ -332,7 +399,7 @@ mod tests {
             for (revalidating, orphan) in
                 [(false, false), (false, true), (true, false), (true, true)]
             {
-                let mut s = entry(phase, revalidating, orphan).status;
+                let mut s = entry(phase, revalidating, orphan).status();
                 assert_eq!(s.phase(), phase);
                 assert!(s.is(phase));
                 assert_eq!((s.revalidating(), s.orphan()), (revalidating, orphan));
@@ -369,6 +436,46 @@ mod tests {
                 assert_eq!(v(waiting, true), Some(Miss), "a re-check never waits");
             }
         }
+    }
+
+    #[test]
+    fn the_status_byte_leaves_the_generation_alone() {
+        for generation in [0, 1, 0x00ab_cdef_0123_4567, GENERATION_MASK] {
+            let mut e = KeyEntry::new(OffloadKey::new(b"k"), generation, 3);
+            e.set_phase(Phase::Failed);
+            e.set_orphan(true);
+            e.set_revalidating(true);
+            assert_eq!(e.generation(), generation);
+            e.set_answer(true);
+            assert_eq!(
+                (e.status().phase(), e.status().orphan()),
+                (Phase::Present, true)
+            );
+            assert!(!e.status().revalidating());
+            e.set_answer(false);
+            assert_eq!(e.status().phase(), Phase::Absent);
+            e.set_phase(Phase::Failed);
+            e.set_revalidating(true);
+            e.set_generation(next_generation(generation));
+            assert_eq!(e.generation(), (generation + 1) & GENERATION_MASK);
+            let s = e.status();
+            assert_eq!(
+                (s.phase(), s.orphan(), s.revalidating()),
+                (Phase::Failed, true, true)
+            );
+            assert_eq!((e.last_req, e.creator), (3, 3));
+        }
+    }
+
+    #[test]
+    fn generations_compare_across_the_wrap() {
+        let top = GENERATION_MASK;
+        assert_eq!(next_generation(top), 0);
+        for (a, b) in [(0, 1), (top, 0), (top - 5, 3), (1 << 54, (1 << 54) + 9)] {
+            assert!(generation_before(a, b), "{a} before {b}");
+            assert!(!generation_before(b, a), "{b} not before {a}");
+        }
+        assert!(!generation_before(7, 7));
     }
 
     #[test]
