@@ -344,6 +344,8 @@ fn a_panicking_tier_call_does_not_stop_the_worker() {
     m.flush();
     assert_eq!(wait_verdict(&mut m, &key(1), &ctx), LookupVerdict::Miss);
     assert_eq!(m.stats().errors, 1);
+    let cause = m.stats().first_error.unwrap_or_default();
+    assert!(cause.contains("panicked"), "{cause}");
     tier.set_config(FaultConfig::default());
     m.lookup(&key(2), &ctx).unwrap();
     m.flush();
