@@ -487,8 +487,8 @@ impl Ledger {
                 return Ok(verdict);
             }
             // A key it may not hold yet, or a failed probe's: no need to
-            // find the request again.
-            return Ok(self.lookup_tracked(found, request, serial, ctx, now));
+            // find the request again, nor to ask its cursor twice.
+            return Ok(self.lookup_tracked(found, request, serial, !held, ctx, now));
         }
         Ok(self.lookup_slow(key, Some(found), ctx, now))
     }
@@ -562,18 +562,20 @@ impl Ledger {
             }
             return LookupVerdict::Pending;
         };
-        self.lookup_tracked(slot, request, serial, ctx, now)
+        self.lookup_tracked(slot, request, serial, false, ctx, now)
     }
 
     /// `lookup` of the tracked key at `slot` by the request at `request`
-    /// (serial `serial`): takes the request's reference if the key's mark
-    /// does not show it holds one, then answers from the entry.
+    /// (serial `serial`): takes the request's reference if the key's marks
+    /// do not show it holds one, then answers from the entry. `not_held`:
+    /// the caller found neither mark nor the request's cursor naming it.
     #[inline(never)]
     fn lookup_tracked(
         &mut self,
         slot: Slot,
         request: Slot,
         serial: u32,
+        not_held: bool,
         ctx: &ReqContext,
         now: &mut LazyNow,
     ) -> LookupVerdict {
@@ -586,7 +588,7 @@ impl Ledger {
             state.last_req = serial;
             if state.creator != serial
                 && let Some(req) = request_slab.get_mut(request)
-                && !req.shared.follows(slot)
+                && (not_held || !req.shared.follows(slot))
             {
                 cold.refs += 1;
                 // Referred to again: no longer kept only for its answer.
