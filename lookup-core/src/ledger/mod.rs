@@ -346,6 +346,12 @@ pub struct Ledger {
     keys: KeyTable,
     /// Request id → its entry in `request_slab`.
     requests: FastMap<Arc<str>, Slot>,
+    /// The address of each id `Arc` in `requests` → the same entry: a
+    /// request switch finds its request from the context's pointer, without
+    /// reading the id, whose line the worker writes when it drops a
+    /// finished call's context (and which a scheduler's long-lived request
+    /// has not touched for a while).
+    requests_by_address: FastMap<usize, Slot>,
     request_slab: Slab<RequestEntry>,
     /// The request of the previous lookup, to skip hashing its id again.
     last_request: Option<LastRequest>,
@@ -411,6 +417,7 @@ impl Ledger {
             epoch: Instant::now(),
             keys: KeyTable::default(),
             requests: FastMap::default(),
+            requests_by_address: FastMap::default(),
             request_slab: Slab::default(),
             last_request: None,
             last_request_hold: None,
@@ -683,10 +690,25 @@ impl Ledger {
     /// The request's slot and serial, registering a request seen for the
     /// first time; `None` only if 2^32 requests are live.
     fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u32)> {
+        let address = id_address(ctx);
         if let Some(last) = self.last_request
-            && last.id == id_address(ctx)
+            && last.id == address
         {
             return Some((last.slot, last.serial));
+        }
+        // The context carries the id `Arc` the request was registered with
+        // (kept in `requests` until its cleanup): the same request.
+        if let Some(&slot) = self.requests_by_address.get(&address)
+            && let Some(entry) = self.request_slab.get(slot)
+        {
+            let serial = entry.serial;
+            self.last_request = Some(LastRequest {
+                id: address,
+                slot,
+                serial,
+            });
+            self.last_request_hold = None;
+            return Some((slot, serial));
         }
         let known = self
             .requests
@@ -717,12 +739,13 @@ impl Ledger {
                 )?;
                 self.next_serial += 1;
                 self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
+                self.requests_by_address.insert(address, slot);
                 self.last_request_hold = None;
                 (slot, serial)
             }
         };
         self.last_request = Some(LastRequest {
-            id: id_address(ctx),
+            id: address,
             slot,
             serial,
         });
@@ -1400,11 +1423,12 @@ impl Ledger {
     /// references are forgotten, except those whose probe is running: they
     /// stay until the answer lands.
     pub fn cleanup(&mut self, req_id: &str) {
-        let Some(entry) = self
-            .requests
-            .remove(req_id)
-            .and_then(|slot| self.request_slab.remove(slot))
-        else {
+        let Some((id, slot)) = self.requests.remove_entry(req_id) else {
+            return;
+        };
+        self.requests_by_address
+            .remove(&Arc::as_ptr(&id).cast::<u8>().addr());
+        let Some(entry) = self.request_slab.remove(slot) else {
             return;
         };
         if self
@@ -1490,6 +1514,7 @@ impl Ledger {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
             && self.requests.is_empty()
+            && self.requests_by_address.is_empty()
             && self.running.is_empty()
             && self.ready.is_empty()
             && self.batch.is_empty()
