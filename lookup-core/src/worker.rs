@@ -14,14 +14,15 @@
 //! waits for its deadline.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tracing::Instrument;
 
 use crate::config::ManagerConfig;
@@ -139,6 +140,24 @@ impl Drop for Reply {
             elapsed: self.arrived.elapsed(),
             keys: Vec::new(),
         });
+    }
+}
+
+/// A task handle that aborts its task when dropped: a tier call never
+/// outlives the worker task that awaits it, even on a runtime that lives on.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -282,38 +301,39 @@ async fn run_call<T: Tier>(
     );
     let keys = call.keys;
     let ctx = call.ctx;
-    // Polled in this task, a panic caught at each poll: a timeout (or this
-    // task's abort) drops it, which cancels the tier's call. The key list
-    // comes back, emptied here, for the ledger to reuse.
-    let lookup = async move {
-        let found = tier.batch_lookup(&keys, &ctx).await;
-        let mut keys = keys;
-        keys.clear();
-        (found, keys)
-    }
-    .instrument(span.clone());
-    let mut lookup = std::pin::pin!(lookup);
-    let guarded = std::future::poll_fn(|cx| {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lookup.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(done)) => Poll::Ready(Some(done)),
-            Err(_) => Poll::Ready(None),
-        }
-    });
+    // A task of its own, so a panic in the tier is caught as a JoinError and
+    // a timeout (or this task's abort) cancels it. The key list comes back,
+    // emptied here, for the ledger to reuse.
+    let task = AbortOnDrop(tokio::spawn(
+        CURRENT_CALL.scope(
+            call.id.0,
+            async move {
+                let found = tier.batch_lookup(&keys, &ctx).await;
+                let mut keys = keys;
+                keys.clear();
+                (found, keys)
+            }
+            .instrument(span.clone()),
+        ),
+    ));
     let mut keys = Vec::new();
-    let outcome = match tokio::time::timeout_at(call.deadline.into(), guarded).await {
-        Ok(Some((found, emptied))) => {
+    let outcome = match tokio::time::timeout_at(call.deadline.into(), task).await {
+        Ok(Ok((found, emptied))) => {
             keys = emptied;
             match found {
                 Ok(found) => CallOutcome::Answered(found),
                 Err(err) => CallOutcome::Failed(err),
             }
         }
-        Ok(None) => CallOutcome::Failed(TierError::new(
+        Ok(Err(join)) if join.is_panic() => CallOutcome::Failed(TierError::new(
             TierErrorKind::Panicked,
             format!("batch_lookup panicked for {n_keys} keys"),
         )),
-        // Dropping the timed-out future cancelled the call.
+        Ok(Err(_)) => CallOutcome::Failed(TierError::new(
+            TierErrorKind::Other,
+            "batch_lookup task was cancelled",
+        )),
+        // Dropping the timed-out future aborted the task.
         Err(_) => CallOutcome::TimedOut,
     };
     let elapsed = started.elapsed();
