@@ -106,14 +106,27 @@ fn tag_of(hash: u64) -> u8 {
 
 /// A hash table of slab slots keyed by the hash of the entry at each slot;
 /// the caller compares entries (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct SlotIndex {
+    /// Never empty: a search needs no check for a table without chunks.
     chunks: Box<[Chunk]>,
     len: usize,
+    /// `MAX_LOAD` per chunk: an insertion at this many entries grows first.
+    grow_at: usize,
+}
+
+impl Default for SlotIndex {
+    fn default() -> Self {
+        Self {
+            chunks: vec![Chunk::default()].into_boxed_slice(),
+            len: 0,
+            grow_at: MAX_LOAD,
+        }
+    }
 }
 
 impl SlotIndex {
-    /// The first chunk of `hash`'s probe sequence (`chunks` is not empty).
+    /// The first chunk of `hash`'s probe sequence.
     #[inline(always)]
     fn home(&self, hash: u64) -> usize {
         ((u128::from(hash) * self.chunks.len() as u128) >> 64) as usize
@@ -127,9 +140,6 @@ impl SlotIndex {
     /// The slot whose entry `is` says is the one hashed to `hash`.
     #[inline(always)]
     pub(super) fn find(&self, hash: u64, mut is: impl FnMut(Slot) -> bool) -> Option<Slot> {
-        if self.chunks.is_empty() {
-            return None;
-        }
         let tag = tag_of(hash);
         let mut i = self.home(hash);
         loop {
@@ -153,7 +163,7 @@ impl SlotIndex {
     /// `rehash` gives the hash of any slot already in it, for growing.
     #[inline]
     pub(super) fn insert(&mut self, hash: u64, slot: Slot, rehash: impl Fn(Slot) -> u64) {
-        if self.len >= MAX_LOAD * self.chunks.len() {
+        if self.len >= self.grow_at {
             self.grow(rehash);
         }
         self.place(hash, slot);
@@ -184,9 +194,6 @@ impl SlotIndex {
     /// in the index.
     #[inline]
     pub(super) fn remove(&mut self, hash: u64, slot: Slot) -> bool {
-        if self.chunks.is_empty() {
-            return false;
-        }
         let tag = tag_of(hash);
         let home = self.home(hash);
         let mut i = home;
@@ -228,6 +235,7 @@ impl SlotIndex {
             &mut self.chunks,
             vec![Chunk::default(); (n + n / 2).max(n + 1)].into_boxed_slice(),
         );
+        self.grow_at = MAX_LOAD * self.chunks.len();
         for chunk in old.iter() {
             let mut taken = !chunk.free() & PLACES;
             while taken != 0 {

@@ -282,9 +282,19 @@ struct RequestEntry {
 /// writes when it drops a finished call's context.
 #[derive(Debug, Clone, Copy)]
 struct LastRequest {
+    /// 0 for none: no `Arc` is at address 0.
     id: usize,
     slot: Slot,
     serial: u32,
+}
+
+impl LastRequest {
+    /// No request cached: no context's address matches it.
+    const NONE: Self = Self {
+        id: 0,
+        slot: 0,
+        serial: NO_REQUEST,
+    };
 }
 
 /// The address of a context's id, to compare with [`LastRequest::id`].
@@ -354,7 +364,7 @@ pub struct Ledger {
     requests_by_address: FastMap<usize, Slot>,
     request_slab: Slab<RequestEntry>,
     /// The request of the previous lookup, to skip hashing its id again.
-    last_request: Option<LastRequest>,
+    last_request: LastRequest,
     /// A clone of the previous lookup's id when it is not the `Arc` the
     /// request was registered with (a caller passing another context with
     /// the same id): keeps its address that request's while it is cached.
@@ -419,7 +429,7 @@ impl Ledger {
             requests: FastMap::default(),
             requests_by_address: FastMap::default(),
             request_slab: Slab::default(),
-            last_request: None,
+            last_request: LastRequest::NONE,
             last_request_hold: None,
             next_generation: 0,
             next_serial: 0,
@@ -473,9 +483,8 @@ impl Ledger {
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
         // already holds.
-        if let Some(last) = self.last_request
-            && last.id == id_address(ctx)
-        {
+        let last = self.last_request;
+        if last.id == id_address(ctx) {
             let (request, serial) = (last.slot, last.serial);
             self.counters.lookups += 1;
             // The key is held if its mark or its creator names this request
@@ -691,9 +700,8 @@ impl Ledger {
     /// first time; `None` only if 2^32 requests are live.
     fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u32)> {
         let address = id_address(ctx);
-        if let Some(last) = self.last_request
-            && last.id == address
-        {
+        let last = self.last_request;
+        if last.id == address {
             return Some((last.slot, last.serial));
         }
         // The context carries the id `Arc` the request was registered with
@@ -702,11 +710,11 @@ impl Ledger {
             && let Some(entry) = self.request_slab.get(slot)
         {
             let serial = entry.serial;
-            self.last_request = Some(LastRequest {
+            self.last_request = LastRequest {
                 id: address,
                 slot,
                 serial,
-            });
+            };
             self.last_request_hold = None;
             return Some((slot, serial));
         }
@@ -744,11 +752,11 @@ impl Ledger {
                 (slot, serial)
             }
         };
-        self.last_request = Some(LastRequest {
+        self.last_request = LastRequest {
             id: address,
             slot,
             serial,
-        });
+        };
         Some((slot, serial))
     }
 
@@ -775,7 +783,7 @@ impl Ledger {
             renumber(&mut group.request.1);
         }
         self.keys.forget_request_marks();
-        self.last_request = None;
+        self.last_request = LastRequest::NONE;
         self.last_request_hold = None;
         self.next_serial = next;
     }
@@ -1431,11 +1439,8 @@ impl Ledger {
         let Some(entry) = self.request_slab.remove(slot) else {
             return;
         };
-        if self
-            .last_request
-            .is_some_and(|last| last.serial == entry.serial)
-        {
-            self.last_request = None;
+        if self.last_request.serial == entry.serial {
+            self.last_request = LastRequest::NONE;
             self.last_request_hold = None;
         }
         let batch_generation = self.batch_generation;
