@@ -113,27 +113,37 @@
 //! # Layout
 //!
 //! Every tracked key lives in one slab entry with a stable index ("slot",
-//! `slab.rs`). The only hash probe is `lookup`'s (and `mark_miss`'s): a table
-//! of 4-byte slots keyed by the key's precomputed hash (`table.rs`). An entry
-//! is split in two: the hot part (the key, its generation, phase and the
-//! "already asked by this request" mark) is one 64-byte, cache-line-aligned
-//! value, so a lookup of a resolved key touches one line past the table; the
-//! cold part (reference count, creator, queue and retry times) sits in a
-//! parallel array of the same fixed-size segment (one segment lookup reaches
-//! both), read only when a request first refers to a key, when a key is
-//! queued or fails, and at cleanup: an answer reads the hot part only (a
-//! key nobody refers to any more is marked there). Everything downstream
-//! (the flush batch and the queued groups of `batch.rs`, running calls, a
-//! request's references) holds `(slot, generation)` pairs and reaches the
-//! entry by index; the generation check makes a pair whose slot was freed
-//! or reused harmless. A run of the flush batch keeps its keys too, copied
-//! at their lookup, so the call a flush starts at once takes that list as
-//! it is: between a key's lookup and its answer, nothing walks it. Queue
-//! deadlines are kept per group and flush, not per key. Keys of one step
-//! get neighbouring slots, so a call start and an answer walk memory in
-//! order. The vectors of a step (a request's run of probes, its lists of
-//! created and shared keys) are recycled, so a steady step loop allocates
-//! little beyond each call's key list. The values that cross to a transport
+//! `slab.rs`). The only hash probe is `lookup`'s (and `mark_miss`'s), in an
+//! index of slots keyed by the key's precomputed hash (`index.rs`): chunks
+//! of one cache line, twelve one-byte tags beside their twelve slots, so a
+//! lookup reads one line of the index and then the entry. Removal leaves
+//! no tombstone (each chunk counts the keys that overflowed past it, as in
+//! folly's F14), so searches stay as short under the scheduler's churn as
+//! on a fresh table. An entry is split in two: the hot part is one 64-byte,
+//! cache-line-aligned value (`table.rs`): the key, a word holding the
+//! probe's 56-bit generation and the status byte (phase, "revalidating",
+//! "orphan"), and the serials of the request that last took or showed a
+//! reference and of the one that created the key, so the lookup of a key
+//! by its creator, or by the request that asked last, reads nothing else.
+//! The cold part (reference count, queue or retry time) sits in a
+//! parallel array of the same fixed-size segment (one segment lookup
+//! reaches both), read only when a request first refers to a key, when a
+//! key is queued or fails, and at cleanup: an answer reads the hot part
+//! only (a key nobody refers to any more is marked orphan there).
+//! Everything downstream (the flush batch and the queued groups of
+//! `batch.rs`, running calls, a request's references) holds
+//! `(slot, generation)` pairs and reaches the entry by index; the
+//! generation check makes a pair whose slot was freed or reused harmless.
+//! A run of the flush batch keeps its keys too, copied at their lookup, so
+//! the call a flush starts at once takes that list as it is: between a
+//! key's lookup and its answer, nothing walks it. Queue deadlines are kept
+//! per group and flush, not per key. The vectors of a step (a request's
+//! run of probes and of keys, which the manager's worker gives back
+//! emptied, and its lists of created and shared keys) are recycled, so a
+//! steady step loop allocates nothing per request. The request of the
+//! previous lookup is known by the address of its id's `Arc`, and a
+//! request switch finds a registered request by that address, so neither
+//! reads the id string. The values that cross to a transport
 //! ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
 
 mod batch;
