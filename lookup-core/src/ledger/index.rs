@@ -8,11 +8,13 @@
 //!
 //! Removal leaves no tombstone. Each chunk counts the entries that passed
 //! it because it was full when they were inserted ("overflow", as in
-//! folly's F14): a search stops at the first chunk whose count is 0, and a
+//! folly's F14): a search stops at the first chunk whose count is 0, or
+//! after one round of the chunks (every chunk may count an overflow at
+//! once, and an entry is always less than a round from its home), and a
 //! removal decrements the counts along the entry's probe path, so the
 //! table after a removal is the table as if the entry had never been
 //! inserted. Under the scheduler's churn (every step inserts and removes a
-//! cohort of keys) searches stay as short as on a fresh table, where
+//! cohort of keys) nothing is left behind to lengthen a search, where
 //! tombstones would lengthen every unsuccessful search until the next
 //! rehash.
 //!
@@ -142,6 +144,7 @@ impl SlotIndex {
     pub(super) fn find(&self, hash: u64, mut is: impl FnMut(Slot) -> bool) -> Option<Slot> {
         let tag = tag_of(hash);
         let mut i = self.home(hash);
+        let mut passed = 0;
         loop {
             let chunk = &self.chunks[i];
             let mut found = chunk.matches(tag);
@@ -153,6 +156,13 @@ impl SlotIndex {
                 found &= found - 1;
             }
             if chunk.overflow() == 0 {
+                return None;
+            }
+            // At most one round of the ring: every chunk may count an
+            // overflow at once (the keys that spilled past each are still
+            // there), and an entry is always less than a round from home.
+            passed += 1;
+            if passed == self.chunks.len() {
                 return None;
             }
             i = self.next(i);
@@ -223,6 +233,10 @@ impl SlotIndex {
                 return false;
             }
             i = self.next(i);
+            // At most one round of the ring, as in `find`.
+            if i == home {
+                return false;
+            }
         }
     }
 
@@ -349,16 +363,35 @@ mod tests {
         ]
     }
 
+    /// Hashes spread over every chunk, as the keys' are: with few keys per
+    /// chunk, every chunk can end up counting an overflow.
+    fn uniform_hash(id: u16) -> u64 {
+        let mut x = u64::from(id).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
     proptest! {
         /// The index against a map from slot to hash, with hashes that
-        /// collide on purpose: every find, insert and removal agrees, and
-        /// after each the overflow counts are those of the slots present
-        /// inserted afresh (no tombstone, no count left behind).
+        /// collide on purpose or spread evenly: every find, insert and
+        /// removal agrees, and after each the overflow counts are those of
+        /// the slots present inserted afresh (no tombstone, no count left
+        /// behind).
         #[test]
-        fn the_index_matches_a_map(ops in proptest::collection::vec(op(), 1..800)) {
+        fn the_index_matches_a_map(
+            ops in proptest::collection::vec(op(), 1..800),
+            uniform in any::<bool>(),
+        ) {
             let mut index = SlotIndex::default();
             let mut model: HashMap<Slot, u64> = HashMap::new();
-            let hash = |slot: Slot| colliding_hash(slot as u16);
+            let hash = |slot: Slot| {
+                if uniform {
+                    uniform_hash(slot as u16)
+                } else {
+                    colliding_hash(slot as u16)
+                }
+            };
             for op in &ops {
                 match *op {
                     Op::Insert(id) => {
@@ -390,6 +423,63 @@ mod tests {
                 let counts: Vec<u16> = index.chunks.iter().map(Chunk::overflow).collect();
                 prop_assert_eq!(counts, index.overflow_counts(hash));
             }
+        }
+    }
+
+    /// A hash whose home is chunk 0 of a 2-chunk table (`low`) or chunk 1,
+    /// with a distinct tag and body per `id`.
+    fn in_half(second: bool, id: u32) -> u64 {
+        (u64::from(second) << 63) | (u64::from(id) << 8) | u64::from(id & 0x7f)
+    }
+
+    #[test]
+    fn a_search_ends_when_every_chunk_has_overflowed() {
+        // Found in review: once every chunk counts an overflow, a search for
+        // an absent key went round the ring forever.
+        let mut index = SlotIndex::default();
+        let hashes: std::cell::RefCell<HashMap<Slot, u64>> = Default::default();
+        let add = |index: &mut SlotIndex, slot: Slot, hash: u64| {
+            hashes.borrow_mut().insert(slot, hash);
+            index.insert(hash, slot, |s| hashes.borrow()[&s]);
+        };
+        // 13 keys homed in chunk 0: the table grows to 2 chunks at the 11th,
+        // chunk 0 fills at the 12th, and the 13th spills into chunk 1.
+        for slot in 0..13 {
+            add(&mut index, slot, in_half(false, slot));
+        }
+        assert_eq!(index.chunks.len(), 2);
+        assert_eq!(index.chunks[0].overflow(), 1);
+        // Eight of chunk 0's own keys leave (their path passed no chunk).
+        for slot in 0..8 {
+            assert!(index.remove(in_half(false, slot), slot));
+        }
+        // 12 keys homed in chunk 1: 11 fill it, the 12th spills into chunk 0.
+        for slot in 100..112 {
+            add(&mut index, slot, in_half(true, slot));
+        }
+        assert_eq!(index.chunks.len(), 2, "17 keys stay below the growth point");
+        assert_eq!(
+            (index.chunks[0].overflow(), index.chunks[1].overflow()),
+            (1, 1)
+        );
+        // Every chunk has overflowed: a search for an absent key, and the
+        // removal of one, end after one round of the ring.
+        for second in [false, true] {
+            let absent = in_half(second, 999);
+            let mut compared = 0;
+            assert_eq!(
+                index.find(absent, |_| {
+                    compared += 1;
+                    false
+                }),
+                None
+            );
+            assert!(compared <= index.len());
+            assert!(!index.remove(absent, 999));
+        }
+        // The keys present are all still found.
+        for (&slot, &hash) in hashes.borrow().iter().filter(|(s, _)| **s >= 8) {
+            assert_eq!(index.find(hash, |s| s == slot), Some(slot));
         }
     }
 

@@ -106,7 +106,8 @@
 //!   moment its first answer (or failure) is applied, which is when any
 //!   lookup of it can return the verdict: the manager applies answers at
 //!   the first lookup, flush or drain after they arrive. One histogram
-//!   update per call, nothing per lookup. A re-check after a failure is
+//!   update per call the flush started (one per key for a call of a
+//!   queued group), nothing per lookup. A re-check after a failure is
 //!   not timed (its requests had their miss), nor an answer nobody waits
 //!   for any more.
 //!
@@ -118,8 +119,8 @@
 //! of one cache line, twelve one-byte tags beside their twelve slots, so a
 //! lookup reads one line of the index and then the entry. Removal leaves
 //! no tombstone (each chunk counts the keys that overflowed past it, as in
-//! folly's F14), so searches stay as short under the scheduler's churn as
-//! on a fresh table. An entry is split in two: the hot part is one 64-byte,
+//! folly's F14), so the scheduler's churn leaves nothing behind to lengthen
+//! a search. An entry is split in two: the hot part is one 64-byte,
 //! cache-line-aligned value (`table.rs`): the key, a word holding the
 //! probe's 56-bit generation and the status byte (phase, "revalidating",
 //! "orphan"), and the serials of the request that last took or showed a
@@ -128,8 +129,9 @@
 //! The cold part (reference count, queue or retry time) sits in a
 //! parallel array of the same fixed-size segment (one segment lookup
 //! reaches both), read only when a request first refers to a key, when a
-//! key is queued or fails, and at cleanup: an answer reads the hot part
-//! only (a key nobody refers to any more is marked orphan there).
+//! key is queued or fails, and at cleanup: an answer to a call the flush
+//! started reads the hot part only (a key nobody refers to any more is
+//! marked orphan there).
 //! Everything downstream (the flush batch and the queued groups of
 //! `batch.rs`, running calls, a request's references) holds
 //! `(slot, generation)` pairs and reaches the entry by index; the

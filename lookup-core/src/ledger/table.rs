@@ -184,9 +184,11 @@ pub(super) struct KeyCold {
     /// is retained for its answer, then forgotten; its entry is marked
     /// orphan meanwhile).
     pub(super) refs: u32,
-    /// In phase `Failed`, when to probe again, in ledger ticks. In phase
-    /// `Queued` (and once its call started), when the flush that queued it
-    /// happened, in ledger ticks plus one. Not kept up to date otherwise.
+    /// In phase `Failed`, when to probe again, in ledger ticks. For a key
+    /// that waited in a queued group, from then until its answer, when the
+    /// flush that queued it happened, in ledger ticks plus one (a key whose
+    /// call the flush started at once has that time in its running call
+    /// only). Not kept up to date otherwise.
     pub(super) time: u64,
 }
 
@@ -334,7 +336,8 @@ impl KeyTable {
     }
 
     /// Both parts of the entry at `slot` if it still holds probe `generation`
-    /// (generations are never reused, so this also proves it is the same key).
+    /// (generations wrap only after 2^56 probes, far more than can be live
+    /// at once, so this also proves it is the same key).
     #[inline]
     pub(super) fn probe_both(&mut self, probe: Probe) -> Option<(&mut KeyEntry, &mut KeyCold)> {
         self.get_both(probe.0)
