@@ -1,6 +1,7 @@
 //! Criterion micro-benchmarks of the ledger's operations, one at a time:
-//! lookup of a new key, lookup of a resolved key, flush of a 2,048-key step,
-//! complete of a call, cleanup of a request.
+//! lookup of a new key, lookup of a resolved key, flush of a 2,048-key step
+//! (starting its calls in the same pass, as the manager does, and through
+//! the queue), complete of a step's calls, cleanup of a request.
 //!
 //! ```text
 //! cargo bench -p kvtier-core --bench ledger
@@ -49,6 +50,19 @@ fn lookup_new(c: &mut Criterion) {
 
 fn flush_step(c: &mut Criterion) {
     let step = step_keys(0, 64, 32);
+    // What the manager runs at each step: the calls start in the flush's
+    // pass, each taking its run's key list as it is.
+    c.bench_function("flush_and_start_2048", |b| {
+        b.iter_batched_ref(
+            || (looked_up(&step), Vec::with_capacity(64)),
+            |(l, calls)| {
+                l.flush_and_start(Instant::now(), calls);
+                black_box(calls);
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    // A flush that queues every key, then the calls started from the queue.
     c.bench_function("flush_2048", |b| {
         b.iter_batched_ref(
             || looked_up(&step),
@@ -70,9 +84,8 @@ fn complete_step(c: &mut Criterion) {
         b.iter_batched_ref(
             || {
                 let mut l = looked_up(&step);
-                let t = Instant::now();
-                l.flush(t);
-                let calls: Vec<_> = std::iter::from_fn(|| l.next_call(t)).collect();
+                let mut calls = Vec::new();
+                l.flush_and_start(Instant::now(), &mut calls);
                 (l, calls)
             },
             |(l, calls)| {
