@@ -315,6 +315,15 @@ fn id_address(ctx: &ReqContext) -> usize {
     Arc::as_ptr(ctx.req_id_arc()).cast::<u8>().addr()
 }
 
+/// What a call says of one of its keys (see `Ledger::resolve`).
+#[derive(Debug, Clone, Copy)]
+enum KeyResult {
+    /// The tier answered: the key is present or not.
+    Answer(bool),
+    /// The call failed or timed out: probe again from `retry_at` (ticks).
+    Failed { retry_at: u64 },
+}
+
 #[derive(Debug)]
 struct RunningCall {
     step: u64,
@@ -1150,7 +1159,7 @@ impl Ledger {
             CallOutcome::Answered(found) if found.len() == call.probes.len() => {
                 let mut first_verdicts = 0;
                 for (&probe, present) in call.probes.iter().zip(found) {
-                    let timed = self.answer(probe, present, call.flushed_at);
+                    let timed = self.resolve(probe, KeyResult::Answer(present), call.flushed_at);
                     self.time_first_verdict(timed, call.flushed_at, now_ticks, &mut first_verdicts);
                 }
                 self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
@@ -1200,7 +1209,8 @@ impl Ledger {
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
         let mut first_verdicts = 0;
         for &probe in &call.probes {
-            let Some(timed) = self.resolve(probe, Phase::Failed, retry_at, call.flushed_at) else {
+            let result = KeyResult::Failed { retry_at };
+            let Some(timed) = self.resolve(probe, result, call.flushed_at) else {
                 continue;
             };
             if timed_out {
@@ -1252,23 +1262,31 @@ impl Ledger {
         self.batch.recycle_keys(keys);
     }
 
-    /// [`resolve`](Self::resolve) of a tier's answer, `present` or not: the
-    /// common case, with no branch on the answer.
+    /// Applies one key's result from a call whose keys were flushed at
+    /// `call_flushed_at` (0: each at its own). `None` if it was not applied
+    /// (a stale answer); else the flush time (ticks plus one) to time the
+    /// key's first verdict from, or 0 when the result is not a first verdict
+    /// a request waits for (a re-check of a failed probe, whose requests had
+    /// a miss already, or a key nobody refers to any more). Inlined at each
+    /// call site, where the kind of `result` is known: a tier's answer takes
+    /// no branch on whether the key is present.
     #[inline(always)]
-    fn answer(&mut self, probe: Probe, present: bool, call_flushed_at: u64) -> Option<u64> {
-        let Some((state, cold)) = self.keys.get_both(probe.0) else {
+    fn resolve(&mut self, probe: Probe, result: KeyResult, call_flushed_at: u64) -> Option<u64> {
+        let Some((state, cold)) = self.keys.probe_both(probe) else {
             self.counters.stale_results_dropped += 1;
             return None;
         };
         let status = state.status();
-        if state.generation() != probe.1 || !status.is(Phase::Probing) {
+        if !status.is(Phase::Probing) {
             // Forgotten, re-probed, or forced to miss while in flight:
             // mark_miss wins.
             self.counters.stale_results_dropped += 1;
             return None;
         }
-        self.counters.hits += u64::from(present);
-        self.counters.misses += u64::from(!present);
+        if let KeyResult::Answer(present) = result {
+            self.counters.hits += u64::from(present);
+            self.counters.misses += u64::from(!present);
+        }
         if status.orphan() {
             // Retained only for this answer; nobody is asking any more.
             self.keys.remove(probe.0);
@@ -1281,57 +1299,9 @@ impl Ledger {
         } else {
             cold.time
         };
-        state.set_answer(present);
-        Some(timed)
-    }
-
-    /// Applies one key's result (`retry_at` for phase `Failed`) from a call
-    /// whose keys were flushed at `call_flushed_at` (0: each at its own).
-    /// `None` if it was not applied (a stale answer); else the flush time
-    /// (ticks plus one) to time the key's first verdict from, or 0 when
-    /// the answer is not a first verdict a request waits for (a re-check of
-    /// a failed probe, whose requests had a miss already, or a key nobody
-    /// refers to any more).
-    #[inline(always)]
-    fn resolve(
-        &mut self,
-        probe: Probe,
-        phase: Phase,
-        retry_at: u64,
-        call_flushed_at: u64,
-    ) -> Option<u64> {
-        let Some((state, cold)) = self
-            .keys
-            .probe_both(probe)
-            .filter(|(s, _)| s.status().is(Phase::Probing))
-        else {
-            // Forgotten, re-probed, or forced to miss while in flight:
-            // mark_miss wins.
-            self.counters.stale_results_dropped += 1;
-            return None;
-        };
-        match phase {
-            Phase::Present => self.counters.hits += 1,
-            Phase::Absent => self.counters.misses += 1,
-            _ => {}
-        }
-        if state.status().orphan() {
-            // Retained only for this answer; nobody is asking any more.
-            self.keys.remove(probe.0);
-            return Some(0);
-        }
-        let timed = if state.status().revalidating() {
-            0
-        } else if call_flushed_at != 0 {
-            call_flushed_at
-        } else {
-            cold.time
-        };
-        if phase == Phase::Failed {
-            self.keys.set_failed(probe.0, retry_at);
-        } else {
-            state.set_phase(phase);
-            state.set_revalidating(false);
+        match result {
+            KeyResult::Answer(present) => state.set_answer(present),
+            KeyResult::Failed { retry_at } => self.keys.set_failed(probe.0, retry_at),
         }
         Some(timed)
     }
