@@ -56,6 +56,9 @@ else
   echo "== SKIPPED the CPython 3.9 run: no python3.9 on this machine"
 fi
 
+echo "== Python package with vLLM 0.34.0 (bindings/python/.venv-vllm, vllm-env.sh; tests/vllm)"
+KVTIER_PY_VLLM=1 bash bindings/python/test.sh tests/vllm
+
 echo "== examples (short runs)"
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 64
 cargo run --locked --quiet -p examples --bin scheduler_sim -- --steps 200 --requests 60 \

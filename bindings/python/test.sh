@@ -7,7 +7,13 @@
 #   bindings/python/test.sh [pytest arguments...]
 #
 # Environment:
-#   KVTIER_PY_VENV     the virtual environment (default bindings/python/.venv)
+#   KVTIER_PY_VENV     the virtual environment (default bindings/python/.venv,
+#                      or .venv-vllm / .venv-vllm-torch with KVTIER_PY_VLLM)
+#   KVTIER_PY_VLLM     1: the venv also holds vLLM 0.34.0 (vllm-env.sh, with
+#                      the test-only torch stand-in) and tests/vllm must run:
+#                      they fail instead of skipping without vLLM.
+#                      torch: the same with the real torch (about 5 GB).
+#                      Unset, tests/vllm skip: `import kvtier` needs no vLLM.
 #   KVTIER_PY_RELEASE  1 builds an optimised extension (benchmarks); the
 #                      default is the debug profile, which shares the
 #                      workspace's debug build and compiles in seconds.
@@ -15,8 +21,15 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-venv="$(realpath -m "${KVTIER_PY_VENV:-$here/.venv}")"
 python="${PYTHON:-python3}"
+vllm_env_args=()
+case "${KVTIER_PY_VLLM:-0}" in
+    0) default_venv="$here/.venv" ;;
+    1) default_venv="$here/.venv-vllm" ;;
+    torch) default_venv="$here/.venv-vllm-torch"; vllm_env_args=(--real-torch) ;;
+    *) echo "test.sh: KVTIER_PY_VLLM is 1, torch or unset, not '$KVTIER_PY_VLLM'" >&2; exit 2 ;;
+esac
+venv="$(realpath -m "${KVTIER_PY_VENV:-$default_venv}")"
 
 # Pinned tools, from the package index.
 MATURIN_VERSION=1.9.6
@@ -35,6 +48,11 @@ fi
 echo "==> installing maturin==$MATURIN_VERSION pytest==$PYTEST_VERSION redis==$REDIS_PY_VERSION"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" "redis==$REDIS_PY_VERSION"
+
+if [ "${KVTIER_PY_VLLM:-0}" != 0 ]; then
+    PYTHON="$python" bash "$here/vllm-env.sh" "${vllm_env_args[@]}" "$venv"
+    export KVTIER_REQUIRE_VLLM=1
+fi
 
 profile_args=()
 if [ "${KVTIER_PY_RELEASE:-0}" = "1" ]; then
