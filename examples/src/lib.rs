@@ -13,7 +13,6 @@ use std::time::Duration;
 use kvtier_core::OffloadKey;
 
 pub mod plot;
-pub mod slot;
 
 /// A global allocator that counts live heap bytes, for memory figures.
 ///

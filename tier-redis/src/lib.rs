@@ -108,6 +108,7 @@ use crate::cluster::Cluster;
 use crate::connection::{ConnError, Connection, Io, Single, Target};
 pub use config::RedisConfig;
 pub use error::RedisTierError;
+pub use slot::key_slot;
 
 /// How lookup pipelines went: through the lean path, or back to redis-rs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -87,7 +87,7 @@ pub(crate) async fn raw_redis_loop(
         conns.push(client.get_multiplexed_async_connection().await?);
     }
     let owner = |name: &[u8]| -> usize {
-        let slot = examples::slot::key_slot(name);
+        let slot = kvtier_redis::key_slot(name);
         ranges
             .iter()
             .find(|&&(a, b, _)| a <= slot && slot <= b)
