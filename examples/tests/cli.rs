@@ -190,3 +190,42 @@ fn a_prometheus_address_in_use_is_one_line_naming_it() {
     let out = sim(&["--prometheus", &addr]);
     assert_one_line_cause(&out, &["prometheus", &addr, "in use"]);
 }
+
+#[test]
+fn kvbench_workloads_have_names_and_keep_their_old_ids() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .arg("--help")
+        .output()
+        .expect("kvbench runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for (name, id) in [
+        ("hot-lookup", "w1"),
+        ("step-cycle", "w2"),
+        ("step-cycle-slow", "w2-slow"),
+        ("memory", "mem"),
+        ("redis", "w3"),
+        ("s3", "w4"),
+        ("disk", "w5"),
+    ] {
+        assert!(
+            help.contains(&format!("- {name}:")) && help.contains(&format!("(alias {id})")),
+            "{name} / {id} missing from --help: {help}"
+        );
+    }
+    // A name and its old id run the same workload, and the JSON line keeps
+    // the id as its `workload` field.
+    for arg in ["memory", "mem"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args([arg, "--quick", "--json"])
+            .output()
+            .expect("kvbench runs");
+        assert!(
+            out.status.success(),
+            "{arg}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        assert_eq!(line["workload"], "mem", "{arg}: {line}");
+        assert!(line["bytes_per_tracked_key"].as_f64().is_some(), "{line}");
+    }
+}

@@ -55,7 +55,7 @@ pub(crate) fn paired_ratio(ours: &[f64], baseline: &[f64]) -> f64 {
     quantile(&mut ratios, 0.5)
 }
 
-/// One step of w3 or w4: its request, its keys, and which of them exist.
+/// One step of the redis or s3 workload: its request, its keys, and which of them exist.
 pub(crate) type Step = (ReqContext, Vec<OffloadKey>, Vec<bool>);
 
 /// A wake hook that unparks the calling thread: a scheduler with nothing to

@@ -1,6 +1,7 @@
-//! W5, the disk tier: batch lookups next to a `HashSet` and to one `stat()`
-//! per file, reopen time, lookup latency while stores trigger a rehash, and
-//! store throughput next to a raw write.
+//! `disk` (alias `w5`; JSON `"workload": "w5"`), the disk tier: batch
+//! lookups next to a `HashSet` and to one `stat()` per file, reopen time,
+//! lookup latency while stores trigger a rehash, and store throughput next
+//! to a raw write.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -56,13 +57,13 @@ fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), Failure>) -> Result<
     Ok(quantile(&mut samples, 0.5))
 }
 
-/// W5: the disk tier. Lookups of 1,024-key batches (half present) over a
+/// disk: the disk tier. Lookups of 1,024-key batches (half present) over a
 /// 1M-key index next to an in-memory HashSet and to one stat() per key on
 /// one-file-per-block storage (vLLM's file-system tier); reopen time at 10k
 /// and 1M keys; lookup latency while stores grow the 1M-key index past a
 /// rehash; store throughput of 256 KiB payloads next to a raw
 /// sequential write of the same bytes.
-pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
+pub(crate) fn disk_tier(cli: &Cli) -> Result<Value, Failure> {
     let n_keys: u64 = if cli.quick { 100_000 } else { 1_000_000 };
     let n_files: u64 = if cli.quick { 10_000 } else { 100_000 };
     const BATCH: usize = 1024;

@@ -1,5 +1,5 @@
-//! W4, the S3 tier through the manager at concurrency 1, 16 and 64, next
-//! to a raw aws-sdk-s3 HEAD loop.
+//! `s3` (alias `w4`; JSON `"workload": "w4"`), the S3 tier through the
+//! manager at concurrency 1, 16 and 64, next to a raw aws-sdk-s3 HEAD loop.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,18 +11,18 @@ use serde_json::{Value, json};
 use crate::common::{Step, back_to_back, paired_ratio, polled, round3, unpark_me};
 use crate::{Cli, Failure};
 
-/// W4: the S3 tier through the manager at concurrency 1, 16 and 64. Preload
+/// s3: the S3 tier through the manager at concurrency 1, 16 and 64. Preload
 /// 2,000 objects; steps of 256 keys (half present): keys/s with steps issued
 /// back to back, and time-to-verdict p50/p99 of steps issued one at a time
 /// (polled every 0.1 ms). Next to a raw aws-sdk-s3 HEAD loop over the same
 /// keys at the same concurrency, without the manager.
-pub(crate) fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
+pub(crate) fn s3_tier(cli: &Cli) -> Result<Vec<Value>, Failure> {
     use futures_util::StreamExt;
     let (Ok(endpoint), Ok(bucket)) = (
         std::env::var("KVTIER_S3_ENDPOINT"),
         std::env::var("KVTIER_S3_BUCKET"),
     ) else {
-        return Err("w4 needs KVTIER_S3_ENDPOINT and KVTIER_S3_BUCKET: run `scripts/services.sh start` and `source .services/env`".into());
+        return Err("s3 (w4) needs KVTIER_S3_ENDPOINT and KVTIER_S3_BUCKET: run `scripts/services.sh start` and `source .services/env`".into());
     };
     const STEP: usize = 256;
     const PRELOAD: u64 = 2_000;

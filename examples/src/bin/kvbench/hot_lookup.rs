@@ -1,4 +1,5 @@
-//! W1, the hot path: lookups of resolved keys next to a bare `HashMap`.
+//! `hot-lookup` (alias `w1`; JSON `"workload": "w1"`), the hot path:
+//! lookups of resolved keys next to a bare `HashMap`.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -12,9 +13,9 @@ use serde_json::{Value, json};
 use crate::common::{paired_ratio, quiet_mock, resolve_all, round3};
 use crate::{Cli, Failure};
 
-/// W1: 100k resolved keys, 1M lookups in a precomputed random order, next to
+/// hot-lookup: 100k resolved keys, 1M lookups in a precomputed random order, next to
 /// a bare HashMap::get over the same keys in the same order.
-pub(crate) fn w1(cli: &Cli) -> Result<Value, Failure> {
+pub(crate) fn hot_lookup(cli: &Cli) -> Result<Value, Failure> {
     let n_keys: usize = 100_000;
     let n_lookups: usize = if cli.quick { 100_000 } else { 1_000_000 };
     let keys: Vec<OffloadKey> = (0..n_keys as u64).map(|i| key_from_id(i, 36)).collect();

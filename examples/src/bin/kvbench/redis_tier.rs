@@ -1,5 +1,6 @@
-//! W3, the Redis tier (single server and cluster) through the manager,
-//! next to redis-benchmark and to a raw redis-rs pipeline loop.
+//! `redis` (alias `w3`; JSON `"workload": "w3"`), the Redis tier (single
+//! server and cluster) through the manager, next to redis-benchmark and to a
+//! raw redis-rs pipeline loop.
 
 mod baselines;
 mod pinning;
@@ -16,7 +17,7 @@ use self::pinning::{Pinning, redis_server_pids};
 use crate::common::{Step, back_to_back, paired_ratio, polled, round3, unpark_me};
 use crate::{Cli, Failure};
 
-/// W3: the Redis tier through the manager. Preload 50,000 keys; steps of
+/// redis: the Redis tier through the manager. Preload 50,000 keys; steps of
 /// 1,024 new keys (half present) from one request each: keys/s with steps
 /// issued back to back, and time-to-verdict p50/p99 over 200 steps polled
 /// every 0.1 ms. Next to redis-benchmark -P 1000 EXISTS on the same server
@@ -24,11 +25,11 @@ use crate::{Cli, Failure};
 /// literal `-c 1`), both on its usual keys (short, absent) and on keys that
 /// cost the server what the tier's cost (as long, half present); each also
 /// with the servers pinned to a CPU of their own (see [`Pinning`]).
-pub(crate) fn w3(cli: &Cli) -> Result<Vec<Value>, Failure> {
+pub(crate) fn redis_tier(cli: &Cli) -> Result<Vec<Value>, Failure> {
     let single = std::env::var("KVTIER_REDIS_URL").ok();
     let cluster = std::env::var("KVTIER_REDIS_CLUSTER_URLS").ok();
     if single.is_none() && cluster.is_none() {
-        return Err("w3 needs KVTIER_REDIS_URL and/or KVTIER_REDIS_CLUSTER_URLS: run `scripts/services.sh start` and `source .services/env`".into());
+        return Err("redis (w3) needs KVTIER_REDIS_URL and/or KVTIER_REDIS_CLUSTER_URLS: run `scripts/services.sh start` and `source .services/env`".into());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

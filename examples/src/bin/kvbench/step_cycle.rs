@@ -1,5 +1,6 @@
-//! W2 and W2-slow, the scheduler's step cycle on the zero-latency mock
-//! tier, next to the minimal step loop any correct ledger must run.
+//! `step-cycle` and `step-cycle-slow` (aliases and JSON `workload` `w2`,
+//! `w2-slow`), the scheduler's step cycle on the zero-latency mock tier,
+//! next to the minimal step loop any correct ledger must run.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -42,7 +43,7 @@ fn pace_step(cli: &Cli) {
     }
 }
 
-/// W2 and W2-slow: a cohort of 64 requests × 32 keys arrives every step;
+/// step-cycle and step-cycle-slow: a cohort of 64 requests × 32 keys arrives every step;
 /// each step looks up every (request, key) without a verdict, flushes, and
 /// sleeps 1 ms. Half of each request's keys are shared by 4 requests, half
 /// of all keys exist in the tier.
@@ -157,7 +158,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         "ttv_p99_us": round3(ttv_p99),
         "verdict_errors": verdict_errors,
         "state_empty_after_cleanup": state_empty,
-        // Per round (the median of the rounds), as when w2 ran one round.
+        // Per round (the median of the rounds), as when step-cycle ran one round.
         "tier_calls": quantile(&mut calls, 0.5) as u64,
         "errors": quantile(&mut errors, 0.5) as u64,
     });
@@ -177,7 +178,7 @@ struct StepRun {
     flush_us: Vec<f64>,
     steps_to_resolve: Vec<f64>,
     ttv_us: Vec<f64>,
-    /// W2-slow: time to verdict of the slow request's shared keys.
+    /// step-cycle-slow: time to verdict of the slow request's shared keys.
     slow_ttv_us: Vec<f64>,
     verdict_errors: u64,
     /// Whether the manager held nothing once every request was cleaned up
@@ -186,7 +187,7 @@ struct StepRun {
 }
 
 /// One round of the manager's step loop over `plan`, cohort `c`'s request
-/// `r` named `c{c}-r{r}` (W2-slow's fault is on `c0-r0`).
+/// `r` named `c{c}-r{r}` (step-cycle-slow's fault is on `c0-r0`).
 fn manager_step_loop(
     cli: &Cli,
     m: &mut AsyncLookupManager<kvtier_mock::MockTier>,
@@ -310,7 +311,7 @@ fn manager_step_loop(
     Ok(run)
 }
 
-/// W2's baseline: the step loop any correct ledger must run, over the same
+/// step-cycle's baseline: the step loop any correct ledger must run, over the same
 /// cohorts with the same schedule (a cohort arrives each step, its keys are
 /// answered by the next step), timed over the same window (answers applied,
 /// lookups, flush). A new key is a get-or-insert into a
