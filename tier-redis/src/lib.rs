@@ -180,13 +180,11 @@ impl RedisTier {
                 field,
                 reason: e.to_string(),
             };
-        let root_cert = match &config.tls_ca_cert {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| invalid("tls_ca_cert", &format!("{}: {e}", path.display())))?,
-            ),
-            None => None,
-        };
+        let root_cert = config
+            .tls_ca_cert
+            .as_deref()
+            .map(config::read_ca_pem)
+            .transpose()?;
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let response_timeout = Duration::from_millis(config.response_timeout_ms);
         let io = Io::new(spawner.clone());
