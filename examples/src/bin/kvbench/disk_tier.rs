@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use examples::{Rng, key_from_id, micros, quantile};
+use examples::{Rng, key_from_id, micros, percentile};
 use kvtier_core::OffloadKey;
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use serde_json::{Value, json};
@@ -54,7 +54,7 @@ fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), Failure>) -> Result<
         f()?;
         samples.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(quantile(&mut samples, 0.5))
+    Ok(percentile(&samples, 0.5))
 }
 
 /// disk: the disk tier. Lookups of 1,024-key batches (half present) over a
@@ -253,7 +253,7 @@ fn lookups_during_rehash(
     use std::sync::atomic::{AtomicBool, Ordering};
     let tier = Arc::new(DiskTier::open(disk_config(path, FsyncPolicy::Never))?);
     let idle_until = Instant::now() + Duration::from_secs(2);
-    let (mut idle, mut idle_service) = paced(&tier, batches, || Instant::now() >= idle_until)?;
+    let (idle, idle_service) = paced(&tier, batches, || Instant::now() >= idle_until)?;
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let (tier, done) = (Arc::clone(&tier), Arc::clone(&done));
@@ -280,17 +280,17 @@ fn lookups_during_rehash(
             result
         })
     };
-    let (mut samples, mut service) = paced(&tier, batches, || done.load(Ordering::Acquire))?;
+    let (samples, service) = paced(&tier, batches, || done.load(Ordering::Acquire))?;
     let stores = writer.join().map_err(|_| "the writer thread panicked")??;
     let rehashes = tier.stats().rehashes;
     let lookups = samples.len();
     Ok(DuringRehash {
-        p50_us: quantile(&mut samples, 0.5),
-        p99_us: quantile(&mut samples, 0.99),
-        max_us: quantile(&mut samples, 1.0),
-        service_p99_us: quantile(&mut service, 0.99),
-        no_writer_p99_us: quantile(&mut idle, 0.99),
-        no_writer_service_p99_us: quantile(&mut idle_service, 0.99),
+        p50_us: percentile(&samples, 0.5),
+        p99_us: percentile(&samples, 0.99),
+        max_us: percentile(&samples, 1.0),
+        service_p99_us: percentile(&service, 0.99),
+        no_writer_p99_us: percentile(&idle, 0.99),
+        no_writer_service_p99_us: percentile(&idle_service, 0.99),
         lookups,
         stores,
         rehashes,

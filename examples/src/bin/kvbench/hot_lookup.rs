@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use examples::{Rng, key_from_id, quantile};
+use examples::{Rng, key_from_id, percentile};
 use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Tier};
 use serde_json::{Value, json};
 
@@ -59,9 +59,9 @@ pub(crate) fn hot_lookup(cli: &Cli) -> Result<Value, Failure> {
     // drift between rounds cancels out.
     let ratio = paired_ratio(&ours, &base);
     let ratio_std = paired_ratio(&ours, &base_std);
-    let ns = quantile(&mut ours, 0.5);
-    let baseline = quantile(&mut base, 0.5);
-    let baseline_std = quantile(&mut base_std, 0.5);
+    let ns = percentile(&ours, 0.5);
+    let baseline = percentile(&base, 0.5);
+    let baseline_std = percentile(&base_std, 0.5);
     m.shutdown();
     Ok(json!({
         "workload": "w1",

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use examples::{Rng, key_from_id, quantile};
+use examples::{Rng, key_from_id, percentile};
 use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
 use serde_json::{Value, json};
 
@@ -161,8 +161,8 @@ pub(crate) fn s3_tier(cli: &Cli) -> Result<Vec<Value>, Failure> {
             raws.push(rate);
         }
         let ratio = paired_ratio(&ours, &raws);
-        let keys_per_s = quantile(&mut ours, 0.5);
-        let raw = quantile(&mut raws, 0.5);
+        let keys_per_s = percentile(&ours, 0.5);
+        let raw = percentile(&raws, 0.5);
         let mut rng = Rng::new(cli.seed ^ concurrency as u64);
         let ttv_work: Vec<Step> = (0..ttv_steps)
             .map(|s| {
@@ -174,7 +174,7 @@ pub(crate) fn s3_tier(cli: &Cli) -> Result<Vec<Value>, Failure> {
                 )
             })
             .collect();
-        let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(120))?;
+        let (ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(120))?;
         verdict_errors += errors;
         let stats = m.stats();
         m.shutdown();
@@ -187,8 +187,8 @@ pub(crate) fn s3_tier(cli: &Cli) -> Result<Vec<Value>, Failure> {
             "keys_per_s": keys_per_s.round(),
             "baseline_keys_per_s": raw.round(),
             "ratio": round3(ratio),
-            "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
-            "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
+            "ttv_p50_us": round3(percentile(&ttv, 0.5)),
+            "ttv_p99_us": round3(percentile(&ttv, 0.99)),
             "verdict_errors": verdict_errors,
             "errors": stats.errors + stats.timeouts,
         }));

@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use examples::{Rng, key_from_id, micros, quantile};
+use examples::{Rng, key_from_id, micros, percentile};
 use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
 use kvtier_mock::RequestFault;
 use serde_json::{Value, json};
@@ -104,7 +104,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     let (mut calls, mut errors) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let before = m.stats();
-        let (mut run, mut base_us) = if round % 2 == 0 {
+        let (run, base_us) = if round % 2 == 0 {
             let run = manager_step_loop(cli, &mut m, &plan, slow)?;
             (run, minimal_step_loop(cli, &plan, &mut base_state)?)
         } else {
@@ -114,10 +114,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         let after = m.stats();
         calls.push((after.calls_started - before.calls_started) as f64);
         errors.push(((after.errors + after.timeouts) - (before.errors + before.timeouts)) as f64);
-        let (ours, base) = (
-            quantile(&mut run.sched_us, 0.5),
-            quantile(&mut base_us, 0.5),
-        );
+        let (ours, base) = (percentile(&run.sched_us, 0.5), percentile(&base_us, 0.5));
         sched_p50.push(ours);
         base_p50.push(base);
         ratios.push(ours / base);
@@ -126,15 +123,15 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     m.shutdown();
     let ratio = paired_ratio(&sched_p50, &base_p50);
     let mut per_round = |f: &dyn Fn(&mut StepRun) -> f64| -> f64 {
-        let mut values: Vec<f64> = runs.iter_mut().map(f).collect();
-        quantile(&mut values, 0.5)
+        let values: Vec<f64> = runs.iter_mut().map(f).collect();
+        percentile(&values, 0.5)
     };
-    let sched_p99 = per_round(&|r| quantile(&mut r.sched_us, 0.99));
-    let flush = per_round(&|r| quantile(&mut r.flush_us, 0.5));
-    let steps_to_resolve = per_round(&|r| quantile(&mut r.steps_to_resolve, 0.5));
-    let ttv_p50 = per_round(&|r| quantile(&mut r.ttv_us, 0.5));
-    let ttv_p99 = per_round(&|r| quantile(&mut r.ttv_us, 0.99));
-    let slow_ttv = per_round(&|r| quantile(&mut r.slow_ttv_us, 0.5));
+    let sched_p99 = per_round(&|r| percentile(&r.sched_us, 0.99));
+    let flush = per_round(&|r| percentile(&r.flush_us, 0.5));
+    let steps_to_resolve = per_round(&|r| percentile(&r.steps_to_resolve, 0.5));
+    let ttv_p50 = per_round(&|r| percentile(&r.ttv_us, 0.5));
+    let ttv_p99 = per_round(&|r| percentile(&r.ttv_us, 0.99));
+    let slow_ttv = per_round(&|r| percentile(&r.slow_ttv_us, 0.5));
     let verdict_errors: u64 = runs.iter().map(|r| r.verdict_errors).sum();
     let state_empty = runs.iter().all(|r| r.state_empty);
     let mut line = json!({
@@ -146,8 +143,8 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
                     "rounds": rounds,
                     "slow_request_ms": if slow { SLOW.as_millis() as u64 } else { 0 },
                     "ttv_scope": if slow { "cohorts after the slow one" } else { "all keys" } },
-        "scheduler_us_per_step": round3(quantile(&mut sched_p50, 0.5)),
-        "baseline_us_per_step": round3(quantile(&mut base_p50, 0.5)),
+        "scheduler_us_per_step": round3(percentile(&sched_p50, 0.5)),
+        "baseline_us_per_step": round3(percentile(&base_p50, 0.5)),
         "ratio": round3(ratio),
         "ratio_rounds": ratios.iter().map(|r| round3(*r)).collect::<Vec<_>>(),
         "baseline": "minimal step loop: HashMap<OffloadKey, u8> get-or-insert and a push per new key, one get per resolved key, answers applied with one get_mut per key, flush moves each request's Vec",
@@ -159,8 +156,8 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         "verdict_errors": verdict_errors,
         "state_empty_after_cleanup": state_empty,
         // Per round (the median of the rounds), as when step-cycle ran one round.
-        "tier_calls": quantile(&mut calls, 0.5) as u64,
-        "errors": quantile(&mut errors, 0.5) as u64,
+        "tier_calls": percentile(&calls, 0.5) as u64,
+        "errors": percentile(&errors, 0.5) as u64,
     });
     if slow {
         line["slow_request_ttv_p50_us"] = json!(round3(slow_ttv));

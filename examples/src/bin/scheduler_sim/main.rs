@@ -36,14 +36,17 @@ mod sim;
 mod tiers;
 mod workload;
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::CommandFactory as _;
 use examples::plot;
 use kvtier_core::one_line;
+use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, reload};
 
 use crate::cli::Cli;
 use crate::sim::Sim;
@@ -52,24 +55,18 @@ use crate::sim::Sim;
 pub(crate) type Failure = Box<dyn std::error::Error>;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    // Tiers log a misconfiguration once at ERROR. At start-up the failed
-    // check's one-line cause says the same, so logging starts after the
-    // checks (unless RUST_LOG asks for more).
-    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
-    let user_filter = from_env.is_some();
-    let (filter, reload) = tracing_subscriber::reload::Layer::new(
-        from_env.unwrap_or_else(|| tracing_subscriber::EnvFilter::new("off")),
-    );
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .init();
-    let start_logging = move || {
-        if !user_filter {
-            let _ = reload.modify(|f| *f = tracing_subscriber::EnvFilter::new("error"));
-        }
-    };
+    let cli = Cli::parse_checked();
+    if let Some(path) = &cli.plot
+        && let Err(why) = plot::check_output(path)
+    {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value '{}' for '--plot': {why}", path.display()),
+            )
+            .exit();
+    }
+    let start_logging = init_logging();
     match run(&cli, &start_logging) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -80,7 +77,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs to stderr, filtered by `RUST_LOG` (a filter that does not parse is
+/// reported once and ignored), colour only on a terminal. Each tier call's
+/// `tier_call` span is logged when it closes, with its outcome and time
+/// (`RUST_LOG=kvtier_core=debug`). Returns what starts the default logging:
+/// tiers log a misconfiguration once at ERROR, and at start-up the failed
+/// check's one-line cause says the same, so without `RUST_LOG` logging
+/// starts (at ERROR) only after the checks.
+fn init_logging() -> impl Fn() {
+    let from_env = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(&spec) {
+            Ok(filter) => Some(filter),
+            Err(err) => {
+                eprintln!(
+                    "scheduler_sim: RUST_LOG={spec:?} ignored: {err} \
+                     (e.g. RUST_LOG=kvtier_core=debug shows every tier call)"
+                );
+                None
+            }
+        },
+        _ => None,
+    };
+    let user_filter = from_env.is_some();
+    let (filter, handle) = reload::Layer::new(from_env.unwrap_or_else(|| EnvFilter::new("off")));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_span_events(FmtSpan::CLOSE),
+        )
+        .init();
+    move || {
+        if !user_filter {
+            let _ = handle.modify(|f| *f = EnvFilter::new("error"));
+        }
+    }
+}
+
 fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Failure> {
+    if cli.plot.is_some() {
+        plot::check_font().map_err(|why| format!("--plot: {why}"))?;
+    }
     // Before any manager exists: each registers its metrics with the
     // recorder installed when it is built.
     if let Some(addr) = cli.prometheus {
@@ -97,21 +136,29 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Failure> {
     }
     let report = sim.finish();
 
-    let plotted = match &cli.plot {
-        Some(path) => Some(plot::write_cdf(
-            path,
-            "scheduler_sim: time to answer per request (arrival to answer)",
-            &report.groups(),
-        )?),
-        None => None,
-    };
+    // The summary first, so that nothing after it can lose it.
     let summary = report.json();
     if cli.json {
         println!("{summary}");
     } else {
         report.print_text(&summary);
-        if let Some((svg, png)) = &plotted {
-            println!("\nplot written to {} and {}", svg.display(), png.display());
+    }
+    let mut ok = true;
+    if let Some(path) = &cli.plot {
+        let title = "scheduler_sim: time to answer per request (arrival to answer)";
+        match plot::write_cdf(path, title, &report.groups()) {
+            Ok((svg, png)) if !cli.json => {
+                println!("\nplot written to {} and {}", svg.display(), png.display());
+            }
+            Ok(_) => {}
+            Err(err) => {
+                eprintln!(
+                    "scheduler_sim: --plot {}: {}",
+                    path.display(),
+                    one_line(err.as_ref())
+                );
+                ok = false;
+            }
         }
     }
     if report.failed_stores > 0 {
@@ -122,8 +169,12 @@ fn run(cli: &Cli, start_logging: &dyn Fn()) -> Result<bool, Failure> {
             report.failed_stores
         );
     }
+    for failure in report.failures() {
+        eprintln!("scheduler_sim: run failed: {failure}");
+        ok = false;
+    }
     if let Some(ms) = cli.prometheus_linger_ms {
         std::thread::sleep(Duration::from_millis(ms));
     }
-    Ok(report.success())
+    Ok(ok)
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use examples::{plot, quantile};
+use examples::{percentile, plot};
 use kvtier_core::ManagerStats;
 use serde_json::{Value, json};
 
@@ -15,6 +15,8 @@ pub(crate) struct Report {
     pub(crate) steps: usize,
     /// Requests the run was asked to serve.
     pub(crate) requests: usize,
+    /// Every tier's call deadline (`--call-timeout-ms`).
+    pub(crate) call_timeout_ms: u64,
     pub(crate) wall: Duration,
     pub(crate) tier_names: Vec<String>,
     pub(crate) disk_dir: PathBuf,
@@ -66,7 +68,7 @@ impl Report {
             })
         };
         let group_json = |g: &plot::Series| {
-            let (p50, p90, p99) = plot::percentiles(&g.samples_ms);
+            let [p50, p90, p99] = [0.5, 0.9, 0.99].map(|q| percentile(&g.samples_ms, q));
             json!({
                 "group": g.name, "requests": g.samples_ms.len(),
                 "p50_ms": (p50 * 100.0).round() / 100.0,
@@ -74,11 +76,6 @@ impl Report {
                 "p99_ms": (p99 * 100.0).round() / 100.0,
             })
         };
-        let (mut sched_us, mut wait_steps, mut answer_ms) = (
-            rec.sched_us.clone(),
-            rec.wait_steps.clone(),
-            rec.answer_ms.clone(),
-        );
         json!({
             "steps": self.steps,
             "requests_finished": rec.finished,
@@ -88,12 +85,12 @@ impl Report {
             "verdict_errors": rec.verdict_errors,
             "disk_evicted_segments": self.disk_evicted_segments,
             "scheduler_us_per_step_note": "lookups and flushes; block loads and stores excluded",
-            "scheduler_us_per_step_p50": quantile(&mut sched_us, 0.5).round(),
-            "scheduler_us_per_step_p99": quantile(&mut sched_us, 0.99).round(),
-            "wait_steps_p50": quantile(&mut wait_steps, 0.5),
-            "wait_steps_p99": quantile(&mut wait_steps, 0.99),
-            "answer_ms_p50": (quantile(&mut answer_ms, 0.5) * 100.0).round() / 100.0,
-            "answer_ms_p99": (quantile(&mut answer_ms, 0.99) * 100.0).round() / 100.0,
+            "scheduler_us_per_step_p50": percentile(&rec.sched_us, 0.5).round(),
+            "scheduler_us_per_step_p99": percentile(&rec.sched_us, 0.99).round(),
+            "wait_steps_p50": percentile(&rec.wait_steps, 0.5),
+            "wait_steps_p99": percentile(&rec.wait_steps, 0.99),
+            "answer_ms_p50": (percentile(&rec.answer_ms, 0.5) * 100.0).round() / 100.0,
+            "answer_ms_p99": (percentile(&rec.answer_ms, 0.99) * 100.0).round() / 100.0,
             "state_empty_after_cleanup": self.state_empty,
             "wall_s": (self.wall.as_secs_f64() * 100.0).round() / 100.0,
             "tiers": self.stats.iter().zip(&rec.served).map(|(t, &n)| tier_json(t, n)).collect::<Vec<_>>(),
@@ -180,7 +177,7 @@ impl Report {
             "time to answer (ms)", "requests", "p50", "p90", "p99"
         );
         for g in &self.groups() {
-            let (p50, p90, p99) = plot::percentiles(&g.samples_ms);
+            let [p50, p90, p99] = [0.5, 0.9, 0.99].map(|q| percentile(&g.samples_ms, q));
             println!(
                 "{:<32} {:>8} {:>10.2} {:>10.2} {:>10.2}",
                 g.name,
@@ -192,9 +189,39 @@ impl Report {
         }
     }
 
-    /// Whether the run was right: no wrong answer, no leaked state, every
-    /// request finished. A slow tier is not a failure.
-    pub(crate) fn success(&self) -> bool {
-        self.record.verdict_errors == 0 && self.state_empty && self.record.finished == self.requests
+    /// What went wrong in the run, one line each; empty when it was right.
+    /// Wrong: a wrong answer, leaked state, an unfinished request, or a tier
+    /// that missed its call deadline for most of the keys it probed (the
+    /// run then measured the deadline, not the tier). A tier that is merely
+    /// slow, or a failed background store, is not a failure.
+    pub(crate) fn failures(&self) -> Vec<String> {
+        let rec = &self.record;
+        let mut failures = Vec::new();
+        if rec.verdict_errors > 0 {
+            failures.push(format!(
+                "{} verdict errors: hits for blocks never stored in that tier",
+                rec.verdict_errors
+            ));
+        }
+        if !self.state_empty {
+            failures.push("the stack still held state after every request's cleanup".to_owned());
+        }
+        if rec.finished != self.requests {
+            failures.push(format!(
+                "{} of {} requests finished",
+                rec.finished, self.requests
+            ));
+        }
+        for t in &self.stats {
+            let probed = t.hits + t.misses + t.errors + t.timeouts;
+            if t.timeouts > 0 && t.timeouts.saturating_mul(2) > probed {
+                failures.push(format!(
+                    "{} tier: {} of {} probed keys missed the {} ms call deadline \
+                     (--call-timeout-ms), so they answered miss: the run measured the deadline",
+                    t.tier, t.timeouts, probed, self.call_timeout_ms
+                ));
+            }
+        }
+        failures
     }
 }

@@ -3,6 +3,7 @@
 //! background stores and the stack, and hands the figures to the report.
 
 use std::collections::VecDeque;
+use std::io::IsTerminal as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,13 +48,18 @@ pub(crate) struct Sim<'a> {
     incoming: VecDeque<Request>,
     waiting: Vec<Request>,
     running: Vec<Running>,
-    /// Background stores to the remote tiers; each answers whether it worked.
-    pending_stores: Vec<JoinHandle<bool>>,
+    /// Background stores to the remote tiers, by tier index; each answers
+    /// whether it worked.
+    pending_stores: Vec<(usize, JoinHandle<bool>)>,
     /// Requests arriving per step: evenly over the first 80% of the run.
     per_step: usize,
     step: usize,
     started: Instant,
     progress: indicatif::ProgressBar,
+    /// Whether stderr is a terminal: a progress bar there, else a line
+    /// every [`REPORT_EVERY`].
+    terminal: bool,
+    last_report: Instant,
     record: Record,
     /// Runs block loads and stores; dropped last.
     rt: Runtime,
@@ -89,6 +95,8 @@ impl<'a> Sim<'a> {
             step: 0,
             started: Instant::now(),
             progress,
+            terminal: std::io::stderr().is_terminal(),
+            last_report: Instant::now(),
             record: Record {
                 served: vec![0; n],
                 answer_ms_by_tier: vec![Vec::new(); n + 1],
@@ -110,7 +118,8 @@ impl<'a> Sim<'a> {
     /// the loads of those answered), the flush, then the requests done
     /// computing store their blocks and leave; then the model's compute time.
     pub(crate) fn step(&mut self) -> Result<(), Failure> {
-        if self.step > self.cli.steps * 4 + 10_000 {
+        // At most 10^6 each: no overflow.
+        if self.step > self.cli.steps * 4 + self.cli.compute_steps + 10_000 {
             return Err("requests still unfinished long after the last step".into());
         }
         for _ in 0..self.per_step {
@@ -127,6 +136,22 @@ impl<'a> Sim<'a> {
             .sched_us
             .push(micros(t0.elapsed().saturating_sub(load_time)));
         self.complete()?;
+        tracing::trace!(
+            step = self.step,
+            waiting = self.waiting.len(),
+            running = self.running.len(),
+            "step done"
+        );
+        if !self.terminal && self.last_report.elapsed() >= REPORT_EVERY {
+            self.last_report = Instant::now();
+            eprintln!(
+                "scheduler_sim: step {} of {}, {} of {} requests finished",
+                self.step + 1,
+                self.cli.steps,
+                self.record.finished,
+                self.cli.requests
+            );
+        }
         self.step += 1;
         std::thread::sleep(Duration::from_micros(self.cli.step_us));
         Ok(())
@@ -170,6 +195,13 @@ impl<'a> Sim<'a> {
                 .max()
                 .unwrap_or(self.tiers.tiers.len());
             rec.answer_ms_by_tier[deepest].push(answered_ms);
+            tracing::debug!(
+                req_id = request.ctx.req_id(),
+                blocks_found = locations.len(),
+                deepest,
+                answer_ms = answered_ms,
+                "request answered"
+            );
             self.running.push(Running {
                 request,
                 done_step: self.step + self.cli.compute_steps,
@@ -220,7 +252,7 @@ impl<'a> Sim<'a> {
         for keys in done {
             self.record.finished += 1;
             self.progress.inc(1);
-            for tier in &mut self.tiers.tiers {
+            for (t, tier) in self.tiers.tiers.iter_mut().enumerate() {
                 tier.stored.extend(keys.iter().cloned());
                 let blocks: Vec<(OffloadKey, Vec<u8>)> = keys
                     .iter()
@@ -231,52 +263,27 @@ impl<'a> Sim<'a> {
                     self.rt.block_on(tier.store.store_many_dyn(&blocks))?;
                 } else {
                     let store = Arc::clone(&tier.store);
-                    self.pending_stores.push(
-                        self.rt
-                            .spawn(async move { store.store_many_dyn(&blocks).await.is_ok() }),
-                    );
+                    let handle = self
+                        .rt
+                        .spawn(async move { store.store_many_dyn(&blocks).await.is_ok() });
+                    self.pending_stores.push((t, handle));
                 }
             }
         }
         Ok(())
     }
 
-    /// After the last step: waits for the background stores (a slow tier
-    /// shows here, not as a silent pause) and for the stack to go idle,
+    /// After the last step: waits for the background stores (saying what
+    /// it waits for, and how much is left) and for the stack to go idle,
     /// shuts it down, and returns the run's figures.
     pub(crate) fn finish(mut self) -> Report {
         self.progress.finish_and_clear();
         let wall = self.started.elapsed();
-        let unfinished = self
-            .pending_stores
-            .iter()
-            .filter(|h| !h.is_finished())
-            .count();
-        let store_bar = indicatif::ProgressBar::new(unfinished as u64);
-        if unfinished > 0 {
-            store_bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{elapsed_precise} [{bar:40}] {pos}/{len} background store batches to Redis / S3 still finishing",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-        }
-        let pending = std::mem::take(&mut self.pending_stores);
-        let failed_stores = self.rt.block_on(async {
-            let mut failed = 0;
-            for store in pending {
-                let was_finished = store.is_finished();
-                if !store.await.unwrap_or(false) {
-                    failed += 1;
-                }
-                if !was_finished {
-                    store_bar.inc(1);
-                }
-            }
-            failed
-        });
-        store_bar.finish_and_clear();
+        let failed_stores = self.drain_stores();
         let stack = &mut self.tiers.stack;
+        if !stack.is_idle() {
+            tracing::debug!("waiting up to 5 s for the tiers' last lookups");
+        }
         let idle_deadline = Instant::now() + Duration::from_secs(5);
         while !stack.is_idle() && Instant::now() < idle_deadline {
             stack.drain_results();
@@ -289,6 +296,7 @@ impl<'a> Sim<'a> {
         Report {
             steps: self.step,
             requests: self.cli.requests,
+            call_timeout_ms: self.cli.call_timeout_ms,
             wall,
             tier_names: stack.tier_names(),
             disk_dir: self.tiers.disk_dir.clone(),
@@ -299,4 +307,87 @@ impl<'a> Sim<'a> {
             record: self.record,
         }
     }
+
+    /// Waits for the background stores to the remote tiers (a request's
+    /// blocks are written after its compute, so a slow tier still has work
+    /// after the last step). On a terminal a bar shows what is left;
+    /// otherwise a line says so every [`REPORT_EVERY`]; either way one line
+    /// says when they are done. Returns how many store batches failed.
+    fn drain_stores(&mut self) -> usize {
+        let pending = std::mem::take(&mut self.pending_stores);
+        let total = pending.len();
+        let left = |pending: &[(usize, JoinHandle<bool>)]| -> Vec<usize> {
+            let mut per_tier = vec![0; self.tiers.tiers.len()];
+            for (t, h) in pending {
+                if !h.is_finished() {
+                    per_tier[*t] += 1;
+                }
+            }
+            per_tier
+        };
+        let names = self.tiers.stack.tier_names();
+        let describe = |per_tier: &[usize]| -> String {
+            per_tier
+                .iter()
+                .zip(&names)
+                .filter(|(n, _)| **n > 0)
+                .map(|(n, name)| format!("{name} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let at_start = left(&pending);
+        let unfinished: usize = at_start.iter().sum();
+        let started = Instant::now();
+        if unfinished > 0 {
+            let bar = indicatif::ProgressBar::new(unfinished as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{elapsed_precise} [{bar:40}] {pos}/{len} background store batches done; left: {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            if !self.terminal {
+                eprintln!(
+                    "scheduler_sim: the steps are done; waiting for {unfinished} of {total} \
+                     background store batches (by tier: {})",
+                    describe(&at_start)
+                );
+            }
+            let mut last_report = Instant::now();
+            loop {
+                let now_left = left(&pending);
+                let still: usize = now_left.iter().sum();
+                bar.set_position((unfinished - still.min(unfinished)) as u64);
+                bar.set_message(describe(&now_left));
+                if still == 0 {
+                    break;
+                }
+                if !self.terminal && last_report.elapsed() >= REPORT_EVERY {
+                    last_report = Instant::now();
+                    eprintln!(
+                        "scheduler_sim: {still} of {unfinished} background store batches left after {:.0} s (by tier: {})",
+                        started.elapsed().as_secs_f64(),
+                        describe(&now_left)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            bar.finish_and_clear();
+        }
+        let failed = pending
+            .into_iter()
+            .map(|(_, h)| self.rt.block_on(h).unwrap_or(false))
+            .filter(|&ok| !ok)
+            .count();
+        if unfinished > 0 {
+            eprintln!(
+                "scheduler_sim: background stores done after {:.1} s more ({failed} of {total} batches failed)",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        failed
+    }
 }
+
+/// How often a line reports progress when stderr is not a terminal.
+const REPORT_EVERY: Duration = Duration::from_secs(5);

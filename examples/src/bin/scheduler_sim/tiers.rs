@@ -3,14 +3,14 @@
 //! remote tier. Each is checked before the run.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use examples::Rng;
 use kvtier_core::{BlockStore, DynBlockStore, ManagerConfig, OffloadKey, TierStack, one_line};
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use kvtier_mock::{MockConfig, MockTier};
-use kvtier_redis::{RedisConfig, RedisTier};
+use kvtier_redis::{RedisConfig, RedisTier, RedisTierError};
 use kvtier_s3::{S3Config, S3Tier};
 use tokio::runtime::Runtime;
 
@@ -52,9 +52,53 @@ pub(crate) struct Tiers {
     _temp: Option<tempfile::TempDir>,
 }
 
-/// `err` as a one-line cause naming `tier`.
-pub(crate) fn tier_failed(tier: &str, err: &dyn std::error::Error) -> Failure {
-    format!("{tier} tier: {}", one_line(err)).into()
+/// The disk tier's configuration: `--disk-capacity-mib`, in segments of an
+/// eighth of it (64 KiB to 1 GiB), no fsync (the directory is scratch).
+///
+/// # Errors
+/// A block of `--block-bytes` that does not fit in a segment, naming the
+/// disk tier and both flags.
+fn disk_config(cli: &Cli, dir: &Path) -> Result<DiskConfig, Failure> {
+    // At most 2^20 MiB: no overflow.
+    let capacity = cli.disk_capacity_mib << 20;
+    let config = DiskConfig {
+        capacity_bytes: capacity,
+        segment_bytes: (capacity / 8).clamp(64 << 10, 1 << 30),
+        fsync: FsyncPolicy::Never,
+        ..DiskConfig::new(dir)
+    };
+    if cli.block_bytes > config.max_payload() {
+        return Err(format!(
+            "disk tier: a block of --block-bytes {} does not fit in a disk segment of {} bytes \
+             (at most {} bytes of payload; segments are an eighth of --disk-capacity-mib {}): \
+             lower --block-bytes or raise --disk-capacity-mib",
+            cli.block_bytes,
+            config.segment_bytes,
+            config.max_payload(),
+            cli.disk_capacity_mib
+        )
+        .into());
+    }
+    Ok(config)
+}
+
+/// The manager configuration of the tier `name`: `--call-timeout-ms` as
+/// its call deadline, the defaults otherwise.
+fn manager_config(cli: &Cli, name: &str) -> ManagerConfig {
+    ManagerConfig {
+        call_timeout_ms: cli.call_timeout_ms,
+        ..ManagerConfig::named(name)
+    }
+}
+
+/// `err` as a one-line cause naming `what` (a tier).
+pub(crate) fn tier_failed(what: &str, err: &dyn std::error::Error) -> Failure {
+    let what = if what.contains(" tier") {
+        what.to_owned()
+    } else {
+        format!("{what} tier")
+    };
+    format!("{what}: {}", one_line(err)).into()
 }
 
 impl Tiers {
@@ -71,20 +115,12 @@ impl Tiers {
             (None, Some(t)) => t.path().to_owned(),
             (None, None) => return Err("no disk directory".into()),
         };
-        let capacity = cli.disk_capacity_mib.max(2) << 20;
-        let disk = Arc::new(
-            DiskTier::open(DiskConfig {
-                capacity_bytes: capacity,
-                segment_bytes: (capacity / 8).max(64 << 10),
-                fsync: FsyncPolicy::Never,
-                ..DiskConfig::new(&disk_dir)
-            })
-            .map_err(|e| tier_failed("disk", &e))?,
-        );
+        let disk_config = disk_config(cli, &disk_dir)?;
+        let disk = Arc::new(DiskTier::open(disk_config).map_err(|e| tier_failed("disk", &e))?);
 
         let mut stack = TierStack::default();
         let mut tiers: Vec<SimTier> = Vec::new();
-        stack.push(Box::new(disk.manager(ManagerConfig::named("disk"))?));
+        stack.push(Box::new(disk.manager(manager_config(cli, "disk"))?));
         tiers.push(SimTier::new(
             Arc::clone(&disk) as Arc<dyn DynBlockStore>,
             cli.block_bytes,
@@ -111,11 +147,18 @@ impl Tiers {
                     ttl_ms: Some(3_600_000),
                     ..config
                 })
-                .map_err(|e| tier_failed(name, &e))?,
+                .map_err(|e| match e {
+                    // The CA file is --redis-ca's: say so.
+                    RedisTierError::InvalidConfig {
+                        field: "tls_ca_cert",
+                        ..
+                    } => tier_failed(&format!("{name} tier: --redis-ca"), &e),
+                    e => tier_failed(name, &e),
+                })?,
             );
             rt.block_on(tier.ping())
                 .map_err(|e| tier_failed(name, &e))?;
-            stack.push(Box::new(tier.manager(ManagerConfig::named(name))?));
+            stack.push(Box::new(tier.manager(manager_config(cli, name))?));
             tiers.push(SimTier::new(tier, 64, false));
         }
         if let Some(bucket) = &cli.s3 {
@@ -131,7 +174,7 @@ impl Tiers {
             // HeadBucket: the bucket, the endpoint and the credentials, now.
             rt.block_on(tier.check())
                 .map_err(|e| tier_failed("s3", &e))?;
-            stack.push(Box::new(tier.manager(ManagerConfig::named("s3"))?));
+            stack.push(Box::new(tier.manager(manager_config(cli, "s3"))?));
             tiers.push(SimTier::new(tier, 64, false));
         }
         if !cli.no_mock {
@@ -142,7 +185,7 @@ impl Tiers {
                 record_calls: false,
                 ..MockConfig::default()
             }));
-            stack.push(Box::new(mock.manager(ManagerConfig::named("mock"))?));
+            stack.push(Box::new(mock.manager(manager_config(cli, "mock"))?));
             tiers.push(SimTier::new(mock, 64, false));
         }
         Ok(Self {

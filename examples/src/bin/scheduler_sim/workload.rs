@@ -59,12 +59,12 @@ fn prompts(cli: &Cli, rng: &mut Rng) -> Vec<Vec<OffloadKey>> {
             let earlier = i - 50 - rng.below((i - 50).min(400) as u64) as usize;
             prompts[earlier].clone()
         } else {
-            let prompt = rng.below(cli.system_prompts.max(1));
+            let prompt = rng.below(cli.system_prompts);
             (0..cli.system_blocks)
                 .map(|b| system_block(prompt, b))
                 .collect()
         };
-        for _ in 0..1 + rng.below(cli.user_blocks.max(1) as u64) {
+        for _ in 0..1 + rng.below(u64::try_from(cli.user_blocks).unwrap_or(u64::MAX)) {
             next_user_block += 1;
             keys.push(key_from_id(next_user_block, 36));
         }
