@@ -4,7 +4,7 @@
 #
 #   scripts/services.sh start    # install what is missing, start everything
 #   scripts/services.sh stop     # stop what `start` started (by PID)
-#   scripts/services.sh status
+#   scripts/services.sh status   # one line per server; exit 3 if one is down or none runs
 #   source .services/env         # KVTIER_* and AWS_* variables for the servers
 #
 # Servers: a Redis single node (KVTIER_REDIS_PORT, default 16379), the same
@@ -181,11 +181,26 @@ case "${1:-}" in
     ;;
   stop) stop_all; log "stopped" ;;
   status)
+    # One line per server `start` started; exit 3 (as LSB's status) when
+    # one is dead or none runs.
+    found=0 dead=0
     for pidfile in "$STATE"/*/pid; do
       [ -f "$pidfile" ] || continue
+      found=1
+      name=$(basename "$(dirname "$pidfile")")
       pid=$(cat "$pidfile")
-      if kill -0 "$pid" 2>/dev/null; then echo "$(basename "$(dirname "$pidfile")"): running ($pid)"; else echo "$(basename "$(dirname "$pidfile")"): dead"; fi
+      if kill -0 "$pid" 2>/dev/null; then
+        echo "$name: running (pid $pid)"
+      else
+        echo "$name: dead (pid $pid gone; log in $(dirname "$pidfile")/log)"
+        dead=1
+      fi
     done
+    if [ "$found" = 0 ]; then
+      echo "services: none running (scripts/services.sh start starts them)"
+      exit 3
+    fi
+    [ "$dead" = 0 ] || exit 3
     ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
 //! Time-to-answer plots: one empirical CDF per series on a logarithmic time
-//! axis, with p50 and p99 marked, written as SVG and PNG (plotters).
+//! axis, p50 and p99 marked on each curve, and a legend table under the
+//! chart with each series' count and percentiles, as SVG and PNG (plotters).
 //!
 //! Text needs a TrueType font: the PNG is rasterised here, and the SVG's
 //! layout is measured with the same font. [`FONT_PATHS`] lists where one is
@@ -14,6 +15,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{FontStyle, register_font};
+
+use crate::percentile_of_sorted;
 
 /// Where a sans-serif TrueType font is looked for, in order.
 pub const FONT_PATHS: &[&str] = &[
@@ -33,19 +36,13 @@ pub struct Series {
     pub samples_ms: Vec<f64>,
 }
 
-/// p50, p90 and p99 of `samples`, in their unit, by nearest rank: each is
-/// one of the samples, so a mark drawn at (p50, 0.5) lies on the CDF.
-pub fn percentiles(samples: &[f64]) -> (f64, f64, f64) {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let rank = |q: f64| -> f64 {
-        if s.is_empty() {
-            return 0.0;
-        }
-        let k = (q * s.len() as f64).ceil() as usize;
-        s[k.clamp(1, s.len()) - 1]
-    };
-    (rank(0.5), rank(0.9), rank(0.99))
+/// Finds and registers the font the plot's text needs (once per process),
+/// so that a missing font is known before any work is done.
+///
+/// # Errors
+/// Where a font was looked for, and how to provide one.
+pub fn check_font() -> Result<(), String> {
+    ensure_font()
 }
 
 /// Registers the first font found as "sans-serif" (once per process).
@@ -79,8 +76,44 @@ fn ensure_font() -> Result<(), String> {
     .clone()
 }
 
-/// Writes `base.svg` and `base.png` (the extension of `base`, if any, is
-/// replaced) and returns both paths.
+/// The two files [`write_cdf`] writes for `base`: `base.svg` and `base.png`
+/// (an extension of `base`, if any, is replaced).
+pub fn output_paths(base: &Path) -> (PathBuf, PathBuf) {
+    (base.with_extension("svg"), base.with_extension("png"))
+}
+
+/// Checks, before any work is done, that [`write_cdf`] can write its files
+/// for `base`: the directory exists or can be made, and both files can be
+/// opened for writing (a file made by this check is removed again).
+///
+/// # Errors
+/// Which file or directory is the problem, and why.
+pub fn check_output(base: &Path) -> Result<(), String> {
+    if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create the directory {}: {e}", dir.display()))?;
+    }
+    let (svg, png) = output_paths(base);
+    for path in [svg, png] {
+        let existed = path.exists();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        if !existed {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the plot as `base.svg` and `base.png` (see [`output_paths`]) and
+/// returns both paths.
+///
+/// # Errors
+/// No font found, or a file or directory that cannot be written.
 pub fn write_cdf(
     base: &Path,
     title: &str,
@@ -90,20 +123,29 @@ pub fn write_cdf(
     if let Some(dir) = base.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let svg = base.with_extension("svg");
-    let png = base.with_extension("png");
-    let size = (960, 600);
+    let (svg, png) = output_paths(base);
+    let curves = Curve::all(series);
+    let size = (WIDTH, CHART_HEIGHT + legend_height(curves.len()));
     draw(
         SVGBackend::new(&svg, size).into_drawing_area(),
         title,
-        series,
+        &curves,
     )?;
     draw(
         BitMapBackend::new(&png, size).into_drawing_area(),
         title,
-        series,
+        &curves,
     )?;
     Ok((svg, png))
+}
+
+const WIDTH: u32 = 960;
+const CHART_HEIGHT: u32 = 560;
+const LEGEND_ROW: u32 = 22;
+
+/// The legend table: a header row, a row per series, and a margin.
+fn legend_height(rows: usize) -> u32 {
+    LEGEND_ROW * (u32::try_from(rows).unwrap_or(u32::MAX / 64) + 1) + 16
 }
 
 const COLORS: [RGBColor; 6] = [
@@ -115,108 +157,172 @@ const COLORS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+/// One series ready to draw: its finite, positive samples sorted, its
+/// colour and its marks.
+struct Curve<'a> {
+    name: &'a str,
+    sorted: Vec<f64>,
+    color: RGBColor,
+    width: u32,
+    p50: f64,
+    p99: f64,
+}
+
+impl<'a> Curve<'a> {
+    fn all(series: &'a [Series]) -> Vec<Self> {
+        series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut sorted: Vec<f64> = s
+                    .samples_ms
+                    .iter()
+                    .copied()
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .collect();
+                sorted.sort_by(f64::total_cmp);
+                // The first series (all requests) is drawn in black and thicker.
+                let (color, width) = match i.checked_sub(1) {
+                    None => (BLACK, 3),
+                    Some(k) => (COLORS[k % COLORS.len()], 2),
+                };
+                Curve {
+                    name: &s.name,
+                    p50: percentile_of_sorted(&sorted, 0.5),
+                    p99: percentile_of_sorted(&sorted, 0.99),
+                    sorted,
+                    color,
+                    width,
+                }
+            })
+            .collect()
+    }
+
+    /// The share of samples at or below `v`: where a mark at `v` sits on
+    /// the curve.
+    fn at(&self, v: f64) -> f64 {
+        self.sorted.partition_point(|&s| s <= v) as f64 / self.sorted.len().max(1) as f64
+    }
+}
+
 fn draw<DB>(
     root: DrawingArea<DB, Shift>,
     title: &str,
-    series: &[Series],
+    curves: &[Curve<'_>],
 ) -> Result<(), Box<dyn Error>>
 where
     DB: DrawingBackend,
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE)?;
-    let all = series.iter().flat_map(|s| s.samples_ms.iter().copied());
-    let (lo, hi) = all
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (upper, lower) = root.split_vertically(CHART_HEIGHT);
+    let (lo, hi) = curves
+        .iter()
+        .flat_map(|c| c.sorted.first().into_iter().chain(c.sorted.last()))
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
     let (lo, hi) = if lo <= hi {
         (lo / 1.5, hi * 1.5)
     } else {
         (0.01, 10.0) // no samples: an empty, labelled frame
     };
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&upper)
         .caption(title, ("sans-serif", 22))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d((lo..hi).log_scale(), 0f64..1.0)?;
+        // A little room above 1 keeps the marks at the top inside the frame.
+        .build_cartesian_2d((lo..hi).log_scale(), 0f64..1.04)?;
+    // Each tick carries its own unit (µs, ms or s), so the title names none.
     chart
         .configure_mesh()
-        .x_desc("time to answer (ms, log scale)")
+        .x_desc("time to answer (log scale)")
         .y_desc("fraction of requests answered")
         .x_label_formatter(&|v| format_ms(*v))
+        .y_labels(6)
         .y_label_formatter(&|v| format!("{v:.1}"))
         .axis_desc_style(("sans-serif", 16))
         .label_style(("sans-serif", 13))
         .draw()?;
-
-    for (i, s) in series.iter().enumerate() {
-        let mut samples: Vec<f64> = s
-            .samples_ms
-            .iter()
-            .copied()
-            .filter(|v| v.is_finite() && *v > 0.0)
-            .collect();
-        if samples.is_empty() {
-            continue;
-        }
-        samples.sort_by(f64::total_cmp);
-        let n = samples.len() as f64;
-        // The first series (all requests) is drawn in black and thicker.
-        let color = if i == 0 {
-            BLACK
-        } else {
-            COLORS[(i - 1) % COLORS.len()]
-        };
-        let width = if i == 0 { 3 } else { 2 };
-        let (p50, _, p99) = percentiles(&samples);
-        // Where each mark sits on the curve: the share of samples at or below it.
-        let at = |p: f64| samples.partition_point(|&v| v <= p) as f64 / n;
-        let points = samples
+    // The two levels the marks sit on, named once at the left edge.
+    let guide = RGBColor(150, 150, 150);
+    for (level, name) in [(0.5, "p50"), (0.99, "p99")] {
+        chart.draw_series(LineSeries::new(
+            [(lo, level), (hi, level)],
+            guide.stroke_width(1),
+        ))?;
+        chart.draw_series(std::iter::once(Text::new(
+            name,
+            (lo, level),
+            ("sans-serif", 12)
+                .into_font()
+                .color(&guide)
+                .pos(Pos::new(HPos::Left, VPos::Bottom)),
+        )))?;
+    }
+    for c in curves.iter().filter(|c| !c.sorted.is_empty()) {
+        // The empirical CDF is a step function: at each sample it rises by
+        // 1/n, and it stays flat in between.
+        let n = c.sorted.len() as f64;
+        let points = c
+            .sorted
             .iter()
             .enumerate()
-            .map(|(k, &v)| (v, (k + 1) as f64 / n));
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(width)))?
-            .label(format!(
-                "{} (n = {}): p50 {}, p99 {}",
-                s.name,
-                samples.len(),
-                format_ms(p50),
-                format_ms(p99)
-            ))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(width))
-            });
-        // p50 and p99 marks: a dot on the curve, with its value; p50 labels
-        // to the right, p99 labels to the left, staggered per series so
-        // that curves ending together do not print over each other.
-        let stagger = 15 * i as i32;
-        let marks = [
-            (p50, "p50", (8, -6 - stagger), HPos::Left),
-            (p99, "p99", (-8, 10 + stagger), HPos::Right),
-        ];
-        chart.draw_series(marks.into_iter().map(|(x, name, offset, side)| {
-            EmptyElement::at((x, at(x)))
-                + Circle::new((0, 0), 5, color.filled())
-                + Text::new(
-                    format!("{name} {}", format_ms(x)),
-                    offset,
-                    ("sans-serif", 12)
-                        .into_font()
-                        .color(&color)
-                        .pos(Pos::new(side, VPos::Center)),
-                )
-        }))?;
+            .flat_map(|(k, &v)| [(v, k as f64 / n), (v, (k + 1) as f64 / n)]);
+        chart.draw_series(LineSeries::new(points, c.color.stroke_width(c.width)))?;
+        // p50: a dot; p99: a square. Their values are in the legend table,
+        // not printed beside the curves, where curves ending together would
+        // print them over each other.
+        chart.draw_series(std::iter::once(Circle::new(
+            (c.p50, c.at(c.p50)),
+            5,
+            c.color.filled(),
+        )))?;
+        chart.draw_series(std::iter::once(
+            EmptyElement::at((c.p99, c.at(c.p99)))
+                + Rectangle::new([(-5, -5), (5, 5)], c.color.filled()),
+        ))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
+    draw_legend(&lower, curves)?;
     root.present()?;
+    Ok(())
+}
+
+/// The legend, under the chart so it never covers a curve: per series its
+/// line, name, sample count, p50 and p99, in aligned columns.
+fn draw_legend<DB>(
+    area: &DrawingArea<DB, Shift>,
+    curves: &[Curve<'_>],
+) -> Result<(), Box<dyn Error>>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+{
+    let row = i32::try_from(LEGEND_ROW).unwrap_or(22);
+    let (x_line, x_name, x_n, x_p50, x_p99) = (96, 136, 620, 740, 860);
+    let text = |size| ("sans-serif", size).into_font().color(&BLACK);
+    let right = |size| text(size).pos(Pos::new(HPos::Right, VPos::Center));
+    let left = |size| text(size).pos(Pos::new(HPos::Left, VPos::Center));
+    let y0 = row / 2 + 4;
+    area.draw(&Text::new("series", (x_name, y0), left(15)))?;
+    area.draw(&Text::new("requests", (x_n, y0), right(15)))?;
+    area.draw(&Text::new("● p50", (x_p50, y0), right(15)))?;
+    area.draw(&Text::new("■ p99", (x_p99, y0), right(15)))?;
+    for (i, c) in curves.iter().enumerate() {
+        let y = y0 + row * (i32::try_from(i).unwrap_or(0) + 1);
+        area.draw(&PathElement::new(
+            vec![(x_line, y), (x_line + 28, y)],
+            c.color.stroke_width(c.width),
+        ))?;
+        area.draw(&Text::new(c.name.to_owned(), (x_name, y), left(15)))?;
+        area.draw(&Text::new(c.sorted.len().to_string(), (x_n, y), right(15)))?;
+        let (p50, p99) = if c.sorted.is_empty() {
+            ("-".to_owned(), "-".to_owned())
+        } else {
+            (format_ms(c.p50), format_ms(c.p99))
+        };
+        area.draw(&Text::new(p50, (x_p50, y), right(15)))?;
+        area.draw(&Text::new(p99, (x_p99, y), right(15)))?;
+    }
     Ok(())
 }
 
@@ -271,11 +377,12 @@ mod tests {
             write_cdf(&dir.path().join("out/tta"), "time to answer", &series).expect("plot");
         let text = std::fs::read_to_string(&svg).expect("svg");
         for needle in [
-            "time to answer (ms, log scale)",
+            "time to answer (log scale)",
             "fraction of requests",
             "p50",
             "p99",
-            "disk (n = 100)",
+            "disk",
+            "requests",
         ] {
             assert!(text.contains(needle), "{needle} missing from the SVG");
         }

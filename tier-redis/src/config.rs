@@ -1,7 +1,7 @@
 //! Redis tier configuration.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -347,8 +347,49 @@ impl fmt::Debug for RedisConfig {
     }
 }
 
+/// Reads the PEM file of a private CA (`tls_ca_cert`) and checks that it
+/// holds at least one certificate, so that a wrong file is refused when
+/// the tier is built rather than failing every handshake as `UnknownIssuer`.
+pub(crate) fn read_ca_pem(path: &Path) -> Result<Vec<u8>, RedisTierError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let invalid = |reason: String| RedisTierError::InvalidConfig {
+        field: "tls_ca_cert",
+        reason: format!("{}: {reason}", path.display()),
+    };
+    let pem = std::fs::read(path).map_err(|e| invalid(e.to_string()))?;
+    let mut certificates = 0;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        cert.map_err(|e| invalid(format!("not a PEM certificate file: {e}")))?;
+        certificates += 1;
+    }
+    if certificates == 0 {
+        return Err(invalid(
+            "holds no PEM certificate (-----BEGIN CERTIFICATE-----)".to_owned(),
+        ));
+    }
+    Ok(pem)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let dir = std::env::temp_dir().join(format!("kvtier-redis-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let garbage = dir.join("garbage.pem");
+        std::fs::write(&garbage, "garbage\n").expect("write");
+        let err = read_ca_pem(&garbage).expect_err("no certificate in it");
+        assert!(
+            err.to_string().contains("tls_ca_cert")
+                && err.to_string().contains("no PEM certificate"),
+            "{err}"
+        );
+        let missing = read_ca_pem(&dir.join("missing.pem")).expect_err("no such file");
+        assert!(missing.to_string().contains("missing.pem"), "{missing}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     use super::*;
 
     #[test]

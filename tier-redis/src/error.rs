@@ -79,6 +79,18 @@ pub enum RedisTierError {
         #[source]
         source: RedisError,
     },
+    /// The reply is not in Redis's protocol (RESP): another kind of server
+    /// listens at this address. `hint` guesses which ("got HTTP?") when the
+    /// reply looks like one.
+    #[error("{endpoint} is not a Redis server ({hint}): the reply to {op} is not RESP")]
+    NotRedis {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// What the reply looks like.
+        hint: &'static str,
+    },
     /// A reply of the wrong shape or length.
     #[error("{endpoint}: unexpected reply to {op}: {detail}")]
     UnexpectedReply {
@@ -120,6 +132,15 @@ impl RedisTierError {
                 op,
                 source,
             }
+        } else if kind == ErrorKind::Parse {
+            // redis-rs names the bytes it could not parse; an HTTP reply
+            // starts with `H` (72).
+            let hint = if source.to_string().contains("`72`") {
+                "got HTTP?"
+            } else {
+                "got another protocol"
+            };
+            Self::NotRedis { endpoint, op, hint }
         } else if matches!(
             kind,
             ErrorKind::Server(ServerErrorKind::ClusterDown)
@@ -144,7 +165,9 @@ impl RedisTierError {
     /// The lookup-core classification of this error.
     pub fn tier_kind(&self) -> TierErrorKind {
         match self {
-            Self::InvalidConfig { .. } | Self::Auth { .. } => TierErrorKind::Config,
+            Self::InvalidConfig { .. } | Self::Auth { .. } | Self::NotRedis { .. } => {
+                TierErrorKind::Config
+            }
             Self::Timeout { .. } => TierErrorKind::Timeout,
             Self::Unavailable { .. } | Self::ClusterDown { .. } => TierErrorKind::Unavailable,
             Self::Command { .. } | Self::UnexpectedReply { .. } | Self::Runtime { .. } => {
@@ -157,5 +180,31 @@ impl RedisTierError {
 impl From<RedisTierError> for TierError {
     fn from(err: RedisTierError) -> Self {
         TierError::new(err.tier_kind(), err.to_string()).with_source(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_that_is_not_resp_names_a_server_that_is_not_redis() {
+        for (reply, hint) in [
+            (&b"HTTP/1.1 400 Bad Request\r\n\r\n"[..], "got HTTP?"),
+            (&b"SSH-2.0-OpenSSH_9.2\r\n"[..], "got another protocol"),
+        ] {
+            let Err(parse) = redis::parse_redis_value(reply) else {
+                panic!("{reply:?} parsed as RESP");
+            };
+            let err = RedisTierError::classify("redis://127.0.0.1:80/", "PING", parse);
+            let text = err.to_string();
+            assert_eq!(
+                text,
+                format!(
+                    "redis://127.0.0.1:80/ is not a Redis server ({hint}): the reply to PING is not RESP"
+                )
+            );
+            assert_eq!(err.tier_kind(), TierErrorKind::Config);
+        }
     }
 }

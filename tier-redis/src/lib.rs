@@ -108,6 +108,7 @@ use crate::cluster::Cluster;
 use crate::connection::{ConnError, Connection, Io, Single, Target};
 pub use config::RedisConfig;
 pub use error::RedisTierError;
+pub use slot::key_slot;
 
 /// How lookup pipelines went: through the lean path, or back to redis-rs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -179,13 +180,11 @@ impl RedisTier {
                 field,
                 reason: e.to_string(),
             };
-        let root_cert = match &config.tls_ca_cert {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .map_err(|e| invalid("tls_ca_cert", &format!("{}: {e}", path.display())))?,
-            ),
-            None => None,
-        };
+        let root_cert = config
+            .tls_ca_cert
+            .as_deref()
+            .map(config::read_ca_pem)
+            .transpose()?;
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let response_timeout = Duration::from_millis(config.response_timeout_ms);
         let io = Io::new(spawner.clone());

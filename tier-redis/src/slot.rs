@@ -102,7 +102,13 @@ fn hash_tag(key: &[u8]) -> &[u8] {
     key
 }
 
-/// The slot of `key`.
+/// The Redis Cluster slot (0 to 16383) of the full key name `key`, as
+/// `CLUSTER KEYSLOT` answers: CRC16/XMODEM of its hash tag (the content of
+/// the first non-empty `{...}`), or of the whole name, modulo 16384.
+///
+/// The tier routes its own keys; this is for callers that group names by
+/// master themselves (kvbench's raw-client baseline). Pass the name as
+/// stored, `key_prefix` included.
 pub fn key_slot(key: &[u8]) -> u16 {
     crc16(hash_tag(key)) % SLOTS
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use examples::{micros, quantile};
+use examples::{micros, percentile};
 use kvtier_core::{AsyncLookupManager, LookupVerdict, OffloadKey, ReqContext};
 use kvtier_mock::{MockConfig, MockTier};
 
@@ -51,11 +51,11 @@ pub(crate) fn round3(x: f64) -> f64 {
 /// baseline measured right after it, so drifts of the machine between rounds
 /// cancel out.
 pub(crate) fn paired_ratio(ours: &[f64], baseline: &[f64]) -> f64 {
-    let mut ratios: Vec<f64> = ours.iter().zip(baseline).map(|(a, b)| a / b).collect();
-    quantile(&mut ratios, 0.5)
+    let ratios: Vec<f64> = ours.iter().zip(baseline).map(|(a, b)| a / b).collect();
+    percentile(&ratios, 0.5)
 }
 
-/// One step of w3 or w4: its request, its keys, and which of them exist.
+/// One step of the redis or s3 workload: its request, its keys, and which of them exist.
 pub(crate) type Step = (ReqContext, Vec<OffloadKey>, Vec<bool>);
 
 /// A wake hook that unparks the calling thread: a scheduler with nothing to

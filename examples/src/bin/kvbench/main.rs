@@ -1,25 +1,29 @@
 //! kvbench: kvtier's benchmarks, each with its baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p examples --bin kvbench -- w1 --json
+//! cargo run --release -p examples --bin kvbench -- hot-lookup --json
 //! cargo run --release -p examples --bin kvbench -- all
 //! ```
 //!
 //! Every measurement prints one JSON line with `workload`, `tier`, `params`
 //! and the workload's figures; without `--json` a readable summary follows.
+//! Workloads have names (`hot-lookup`, `step-cycle`, `memory`, `redis`, `s3`,
+//! `disk`) and answer to their old ids too (`w1` … `w5`, `mem`), which the
+//! JSON lines keep as their `workload` field, for the scripts that read them.
+//! `data-path` (`w6`) is reserved for the block data path's workload.
 //!
-//! One module per workload (`w1` … `w5`, `mem`), each holding its baseline;
-//! `common` holds what several of them share.
+//! One module per workload, each holding its baseline; `common` holds what
+//! several of them share.
 
 #![warn(clippy::unwrap_used)]
 
 mod common;
-mod mem;
-mod w1;
-mod w2;
-mod w3;
-mod w4;
-mod w5;
+mod disk_tier;
+mod hot_lookup;
+mod memory;
+mod redis_tier;
+mod s3_tier;
+mod step_cycle;
 
 use std::process::ExitCode;
 
@@ -30,32 +34,99 @@ use serde_json::Value;
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
 
+/// A workload, by name; each also answers to its old id (the alias), which
+/// its JSON lines keep as their `workload` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Workload {
-    /// Hot path: lookups of resolved keys against a bare HashMap.
-    W1,
-    /// Scheduler step cycle on the zero-latency mock tier.
-    W2,
-    /// W2 with one request's tier call taking 200 ms.
-    #[value(name = "w2-slow")]
-    W2Slow,
-    /// Manager memory per tracked key.
-    Mem,
-    /// Redis tier (single node and cluster) next to redis-benchmark.
-    W3,
-    /// S3 tier at concurrency 1, 16, 64 next to a raw aws-sdk-s3 HEAD loop.
-    W4,
-    /// Disk tier: batch lookups, reopen time, store throughput.
-    W5,
-    /// Every workload above.
+    /// Hot path: lookups of resolved keys next to a bare HashMap (alias w1).
+    #[value(name = "hot-lookup", alias = "w1")]
+    HotLookup,
+    /// Scheduler step cycle on the zero-latency mock tier next to
+    /// the minimal step loop (alias w2).
+    #[value(name = "step-cycle", alias = "w2")]
+    StepCycle,
+    /// step-cycle with one request's tier call taking 200 ms (alias w2-slow).
+    #[value(name = "step-cycle-slow", alias = "w2-slow")]
+    StepCycleSlow,
+    /// Manager memory per tracked key (alias mem).
+    #[value(name = "memory", alias = "mem")]
+    Memory,
+    /// Redis tier (single node and cluster) next to
+    /// redis-benchmark; needs KVTIER_REDIS_URL (alias w3).
+    #[value(name = "redis", alias = "w3")]
+    Redis,
+    /// S3 tier at concurrency 1, 16, 64 next to a raw aws-sdk-s3
+    /// HEAD loop; needs KVTIER_S3_ENDPOINT (alias w4).
+    #[value(name = "s3", alias = "w4")]
+    S3,
+    /// Disk tier: batch lookups, reopen time, store throughput (alias w5).
+    #[value(name = "disk", alias = "w5")]
+    Disk,
+    /// Every workload above (the server ones when their services are set).
     All,
+}
+
+impl Workload {
+    /// Every workload `all` runs, in order.
+    const EVERY: [Self; 7] = [
+        Self::HotLookup,
+        Self::StepCycle,
+        Self::StepCycleSlow,
+        Self::Memory,
+        Self::Redis,
+        Self::S3,
+        Self::Disk,
+    ];
+
+    /// The name `kvbench` is called with.
+    fn name(self) -> &'static str {
+        match self {
+            Self::HotLookup => "hot-lookup",
+            Self::StepCycle => "step-cycle",
+            Self::StepCycleSlow => "step-cycle-slow",
+            Self::Memory => "memory",
+            Self::Redis => "redis",
+            Self::S3 => "s3",
+            Self::Disk => "disk",
+            Self::All => "all",
+        }
+    }
+
+    /// The environment variable a server workload needs, if any.
+    fn needs(self) -> Option<&'static str> {
+        match self {
+            Self::Redis => Some("KVTIER_REDIS_URL"),
+            Self::S3 => Some("KVTIER_S3_ENDPOINT"),
+            _ => None,
+        }
+    }
+
+    /// Runs the workload: one JSON line per configuration it measures.
+    fn run(self, cli: &Cli) -> Result<Vec<Value>, Failure> {
+        let one = |line: Value| vec![line];
+        match self {
+            Self::HotLookup => hot_lookup::hot_lookup(cli).map(one),
+            Self::StepCycle => step_cycle::step_cycle(cli, false).map(one),
+            Self::StepCycleSlow => step_cycle::step_cycle(cli, true).map(one),
+            Self::Memory => memory::memory(cli).map(one),
+            Self::Redis => redis_tier::redis_tier(cli),
+            Self::S3 => s3_tier::s3_tier(cli),
+            Self::Disk => disk_tier::disk_tier(cli).map(one),
+            Self::All => Ok(Vec::new()),
+        }
+    }
 }
 
 /// kvtier benchmarks; each reports its same-run baseline and the ratio.
 #[derive(Debug, Parser)]
 #[command(name = "kvbench", version)]
+#[command(
+    after_help = "Old ids still work: w1 = hot-lookup, w2 = step-cycle, w2-slow = \
+    step-cycle-slow, mem = memory, w3 = redis, w4 = s3, w5 = disk; each JSON line keeps the \
+    id as its \"workload\" field. w6 / data-path is reserved for the block data path."
+)]
 struct Cli {
-    /// Which workload to run.
+    /// Which workload to run: a name, or its old id (listed below).
     #[arg(value_enum)]
     workload: Workload,
     /// Print only JSON lines.
@@ -64,7 +135,7 @@ struct Cli {
     /// Smaller sizes, for a smoke run (figures are then not comparable).
     #[arg(long)]
     quick: bool,
-    /// In w2/w2-slow, wait the 1 ms between steps by spinning instead of
+    /// In step-cycle(-slow), wait the 1 ms between steps by spinning instead of
     /// sleeping (shows the cost without cold caches after a sleep).
     #[arg(long)]
     spin_poll: bool,
@@ -82,54 +153,31 @@ type Failure = Box<dyn std::error::Error>;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let workloads: &[Workload] = match cli.workload {
-        Workload::All => &[
-            Workload::W1,
-            Workload::W2,
-            Workload::W2Slow,
-            Workload::Mem,
-            Workload::W3,
-            Workload::W4,
-            Workload::W5,
-        ],
+        Workload::All => &Workload::EVERY,
         ref one => std::slice::from_ref(one),
     };
     let mut lines = Vec::new();
     for &w in workloads {
         // `all` runs what is configured: the server workloads need their services.
-        let needs = match w {
-            Workload::W3 => Some("KVTIER_REDIS_URL"),
-            Workload::W4 => Some("KVTIER_S3_ENDPOINT"),
-            _ => None,
-        };
         if cli.workload == Workload::All
-            && let Some(var) = needs
+            && let Some(var) = w.needs()
             && std::env::var_os(var).is_none()
         {
             eprintln!(
-                "kvbench: {w:?} skipped: {var} is not set (run `scripts/services.sh start` and `source .services/env`)"
+                "kvbench: {} skipped: {var} is not set (run `scripts/services.sh start` and `source .services/env`)",
+                w.name()
             );
             continue;
         }
-        // Server workloads measure several configurations: a line each.
-        let result = match w {
-            Workload::W1 => w1::w1(&cli).map(|line| vec![line]),
-            Workload::W2 => w2::step_cycle(&cli, false).map(|line| vec![line]),
-            Workload::W2Slow => w2::step_cycle(&cli, true).map(|line| vec![line]),
-            Workload::Mem => mem::mem(&cli).map(|line| vec![line]),
-            Workload::W3 => w3::w3(&cli),
-            Workload::W4 => w4::w4(&cli),
-            Workload::W5 => w5::w5(&cli).map(|line| vec![line]),
-            Workload::All => continue,
-        };
-        match result {
+        match w.run(&cli) {
             Ok(more) => {
                 for line in more {
                     println!("{line}");
-                    lines.push(line);
+                    lines.push((w.name(), line));
                 }
             }
             Err(err) => {
-                eprintln!("kvbench: {w:?} failed: {err}");
+                eprintln!("kvbench: {} failed: {err}", w.name());
                 return ExitCode::FAILURE;
             }
         }
@@ -140,10 +188,10 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn print_table(lines: &[Value]) {
+fn print_table(lines: &[(&str, Value)]) {
     println!();
-    println!("{:<10} {:<6} figures", "workload", "tier");
-    for line in lines {
+    println!("{:<16} {:<8} {:<6} figures", "workload", "id", "tier");
+    for (name, line) in lines {
         let figures: Vec<String> = line
             .as_object()
             .into_iter()
@@ -155,7 +203,8 @@ fn print_table(lines: &[Value]) {
             })
             .collect();
         println!(
-            "{:<10} {:<6} {}",
+            "{:<16} {:<8} {:<6} {}",
+            name,
             line["workload"].as_str().unwrap_or("?"),
             line["tier"].as_str().unwrap_or("?"),
             figures.join("  ")

@@ -1,4 +1,5 @@
-//! The Redis servers on a CPU of their own, for w3's pinned measurements.
+//! The Redis servers on a CPU of their own, for the redis workload's pinned
+//! measurements.
 
 /// The Redis servers' processes, from the service script's pid files
 /// (`KVTIER_REDIS_PIDFILE`, or the cluster's under

@@ -1,28 +1,28 @@
-//! W4, the S3 tier through the manager at concurrency 1, 16 and 64, next
-//! to a raw aws-sdk-s3 HEAD loop.
+//! `s3` (alias `w4`; JSON `"workload": "w4"`), the S3 tier through the
+//! manager at concurrency 1, 16 and 64, next to a raw aws-sdk-s3 HEAD loop.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use examples::{Rng, key_from_id, quantile};
+use examples::{Rng, key_from_id, percentile};
 use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
 use serde_json::{Value, json};
 
 use crate::common::{Step, back_to_back, paired_ratio, polled, round3, unpark_me};
 use crate::{Cli, Failure};
 
-/// W4: the S3 tier through the manager at concurrency 1, 16 and 64. Preload
+/// s3: the S3 tier through the manager at concurrency 1, 16 and 64. Preload
 /// 2,000 objects; steps of 256 keys (half present): keys/s with steps issued
 /// back to back, and time-to-verdict p50/p99 of steps issued one at a time
 /// (polled every 0.1 ms). Next to a raw aws-sdk-s3 HEAD loop over the same
 /// keys at the same concurrency, without the manager.
-pub(crate) fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
+pub(crate) fn s3_tier(cli: &Cli) -> Result<Vec<Value>, Failure> {
     use futures_util::StreamExt;
     let (Ok(endpoint), Ok(bucket)) = (
         std::env::var("KVTIER_S3_ENDPOINT"),
         std::env::var("KVTIER_S3_BUCKET"),
     ) else {
-        return Err("w4 needs KVTIER_S3_ENDPOINT and KVTIER_S3_BUCKET: run `scripts/services.sh start` and `source .services/env`".into());
+        return Err("s3 (w4) needs KVTIER_S3_ENDPOINT and KVTIER_S3_BUCKET: run `scripts/services.sh start` and `source .services/env`".into());
     };
     const STEP: usize = 256;
     const PRELOAD: u64 = 2_000;
@@ -161,8 +161,8 @@ pub(crate) fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
             raws.push(rate);
         }
         let ratio = paired_ratio(&ours, &raws);
-        let keys_per_s = quantile(&mut ours, 0.5);
-        let raw = quantile(&mut raws, 0.5);
+        let keys_per_s = percentile(&ours, 0.5);
+        let raw = percentile(&raws, 0.5);
         let mut rng = Rng::new(cli.seed ^ concurrency as u64);
         let ttv_work: Vec<Step> = (0..ttv_steps)
             .map(|s| {
@@ -174,7 +174,7 @@ pub(crate) fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
                 )
             })
             .collect();
-        let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(120))?;
+        let (ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(120))?;
         verdict_errors += errors;
         let stats = m.stats();
         m.shutdown();
@@ -187,8 +187,8 @@ pub(crate) fn w4(cli: &Cli) -> Result<Vec<Value>, Failure> {
             "keys_per_s": keys_per_s.round(),
             "baseline_keys_per_s": raw.round(),
             "ratio": round3(ratio),
-            "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
-            "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
+            "ttv_p50_us": round3(percentile(&ttv, 0.5)),
+            "ttv_p99_us": round3(percentile(&ttv, 0.99)),
             "verdict_errors": verdict_errors,
             "errors": stats.errors + stats.timeouts,
         }));

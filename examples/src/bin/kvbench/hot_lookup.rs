@@ -1,20 +1,21 @@
-//! W1, the hot path: lookups of resolved keys next to a bare `HashMap`.
+//! `hot-lookup` (alias `w1`; JSON `"workload": "w1"`), the hot path:
+//! lookups of resolved keys next to a bare `HashMap`.
 
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use examples::{Rng, key_from_id, quantile};
+use examples::{Rng, key_from_id, percentile};
 use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Tier};
 use serde_json::{Value, json};
 
 use crate::common::{paired_ratio, quiet_mock, resolve_all, round3};
 use crate::{Cli, Failure};
 
-/// W1: 100k resolved keys, 1M lookups in a precomputed random order, next to
+/// hot-lookup: 100k resolved keys, 1M lookups in a precomputed random order, next to
 /// a bare HashMap::get over the same keys in the same order.
-pub(crate) fn w1(cli: &Cli) -> Result<Value, Failure> {
+pub(crate) fn hot_lookup(cli: &Cli) -> Result<Value, Failure> {
     let n_keys: usize = 100_000;
     let n_lookups: usize = if cli.quick { 100_000 } else { 1_000_000 };
     let keys: Vec<OffloadKey> = (0..n_keys as u64).map(|i| key_from_id(i, 36)).collect();
@@ -58,9 +59,9 @@ pub(crate) fn w1(cli: &Cli) -> Result<Value, Failure> {
     // drift between rounds cancels out.
     let ratio = paired_ratio(&ours, &base);
     let ratio_std = paired_ratio(&ours, &base_std);
-    let ns = quantile(&mut ours, 0.5);
-    let baseline = quantile(&mut base, 0.5);
-    let baseline_std = quantile(&mut base_std, 0.5);
+    let ns = percentile(&ours, 0.5);
+    let baseline = percentile(&base, 0.5);
+    let baseline_std = percentile(&base_std, 0.5);
     m.shutdown();
     Ok(json!({
         "workload": "w1",

@@ -1,4 +1,5 @@
-//! Mem: the manager's live heap bytes per tracked key.
+//! `memory` (alias `mem`; JSON `"workload": "mem"`): the manager's live
+//! heap bytes per tracked key.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use crate::{ALLOC, Cli, Failure};
 
 /// Memory: live heap bytes of the manager per tracked key, 1,000 requests of
 /// 100 distinct resolved keys each, measured with a counting allocator.
-pub(crate) fn mem(cli: &Cli) -> Result<Value, Failure> {
+pub(crate) fn memory(cli: &Cli) -> Result<Value, Failure> {
     let (requests, per_request) = if cli.quick { (100, 100) } else { (1000, 100) };
     let tier = quiet_mock();
     let contexts: Vec<ReqContext> = (0..requests)

@@ -1,12 +1,13 @@
-//! W5, the disk tier: batch lookups next to a `HashSet` and to one `stat()`
-//! per file, reopen time, lookup latency while stores trigger a rehash, and
-//! store throughput next to a raw write.
+//! `disk` (alias `w5`; JSON `"workload": "w5"`), the disk tier: batch
+//! lookups next to a `HashSet` and to one `stat()` per file, reopen time,
+//! lookup latency while stores trigger a rehash, and store throughput next
+//! to a raw write.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use examples::{Rng, key_from_id, micros, quantile};
+use examples::{Rng, key_from_id, micros, percentile};
 use kvtier_core::OffloadKey;
 use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use serde_json::{Value, json};
@@ -53,16 +54,16 @@ fn median_ms(runs: usize, mut f: impl FnMut() -> Result<(), Failure>) -> Result<
         f()?;
         samples.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(quantile(&mut samples, 0.5))
+    Ok(percentile(&samples, 0.5))
 }
 
-/// W5: the disk tier. Lookups of 1,024-key batches (half present) over a
+/// disk: the disk tier. Lookups of 1,024-key batches (half present) over a
 /// 1M-key index next to an in-memory HashSet and to one stat() per key on
 /// one-file-per-block storage (vLLM's file-system tier); reopen time at 10k
 /// and 1M keys; lookup latency while stores grow the 1M-key index past a
 /// rehash; store throughput of 256 KiB payloads next to a raw
 /// sequential write of the same bytes.
-pub(crate) fn w5(cli: &Cli) -> Result<Value, Failure> {
+pub(crate) fn disk_tier(cli: &Cli) -> Result<Value, Failure> {
     let n_keys: u64 = if cli.quick { 100_000 } else { 1_000_000 };
     let n_files: u64 = if cli.quick { 10_000 } else { 100_000 };
     const BATCH: usize = 1024;
@@ -252,7 +253,7 @@ fn lookups_during_rehash(
     use std::sync::atomic::{AtomicBool, Ordering};
     let tier = Arc::new(DiskTier::open(disk_config(path, FsyncPolicy::Never))?);
     let idle_until = Instant::now() + Duration::from_secs(2);
-    let (mut idle, mut idle_service) = paced(&tier, batches, || Instant::now() >= idle_until)?;
+    let (idle, idle_service) = paced(&tier, batches, || Instant::now() >= idle_until)?;
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let (tier, done) = (Arc::clone(&tier), Arc::clone(&done));
@@ -279,17 +280,17 @@ fn lookups_during_rehash(
             result
         })
     };
-    let (mut samples, mut service) = paced(&tier, batches, || done.load(Ordering::Acquire))?;
+    let (samples, service) = paced(&tier, batches, || done.load(Ordering::Acquire))?;
     let stores = writer.join().map_err(|_| "the writer thread panicked")??;
     let rehashes = tier.stats().rehashes;
     let lookups = samples.len();
     Ok(DuringRehash {
-        p50_us: quantile(&mut samples, 0.5),
-        p99_us: quantile(&mut samples, 0.99),
-        max_us: quantile(&mut samples, 1.0),
-        service_p99_us: quantile(&mut service, 0.99),
-        no_writer_p99_us: quantile(&mut idle, 0.99),
-        no_writer_service_p99_us: quantile(&mut idle_service, 0.99),
+        p50_us: percentile(&samples, 0.5),
+        p99_us: percentile(&samples, 0.99),
+        max_us: percentile(&samples, 1.0),
+        service_p99_us: percentile(&service, 0.99),
+        no_writer_p99_us: percentile(&idle, 0.99),
+        no_writer_service_p99_us: percentile(&idle_service, 0.99),
         lookups,
         stores,
         rehashes,

@@ -1,4 +1,4 @@
-//! W3's baselines: redis-benchmark (on its usual keys and on keys that cost
+//! The redis workload's baselines: redis-benchmark (on its usual keys and on keys that cost
 //! the server what the tier's cost) and the redis-rs client alone.
 
 use std::time::Instant;
@@ -87,7 +87,7 @@ pub(crate) async fn raw_redis_loop(
         conns.push(client.get_multiplexed_async_connection().await?);
     }
     let owner = |name: &[u8]| -> usize {
-        let slot = examples::slot::key_slot(name);
+        let slot = kvtier_redis::key_slot(name);
         ranges
             .iter()
             .find(|&&(a, b, _)| a <= slot && slot <= b)
@@ -228,7 +228,7 @@ pub(crate) fn redis_benchmark(
 /// On a cluster, redis-benchmark replaces `{tag}` with a fixed hash tag per
 /// master; a short SET run finds those tags. Then every even number below
 /// the keyspace is stored under each tag (in the first run; later runs find
-/// them), so half of what redis-benchmark asks for exists, as in w3.
+/// them), so half of what redis-benchmark asks for exists, as in the tier's steps.
 pub(crate) async fn matched_bench_keys(
     urls: &[String],
     name_len: usize,

@@ -1,12 +1,13 @@
-//! W2 and W2-slow, the scheduler's step cycle on the zero-latency mock
-//! tier, next to the minimal step loop any correct ledger must run.
+//! `step-cycle` and `step-cycle-slow` (aliases and JSON `workload` `w2`,
+//! `w2-slow`), the scheduler's step cycle on the zero-latency mock tier,
+//! next to the minimal step loop any correct ledger must run.
 
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use examples::{Rng, key_from_id, micros, quantile};
+use examples::{Rng, key_from_id, micros, percentile};
 use kvtier_core::{AsyncLookupManager, LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
 use kvtier_mock::RequestFault;
 use serde_json::{Value, json};
@@ -42,7 +43,7 @@ fn pace_step(cli: &Cli) {
     }
 }
 
-/// W2 and W2-slow: a cohort of 64 requests × 32 keys arrives every step;
+/// step-cycle and step-cycle-slow: a cohort of 64 requests × 32 keys arrives every step;
 /// each step looks up every (request, key) without a verdict, flushes, and
 /// sleeps 1 ms. Half of each request's keys are shared by 4 requests, half
 /// of all keys exist in the tier.
@@ -103,7 +104,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     let (mut calls, mut errors) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let before = m.stats();
-        let (mut run, mut base_us) = if round % 2 == 0 {
+        let (run, base_us) = if round % 2 == 0 {
             let run = manager_step_loop(cli, &mut m, &plan, slow)?;
             (run, minimal_step_loop(cli, &plan, &mut base_state)?)
         } else {
@@ -113,10 +114,7 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         let after = m.stats();
         calls.push((after.calls_started - before.calls_started) as f64);
         errors.push(((after.errors + after.timeouts) - (before.errors + before.timeouts)) as f64);
-        let (ours, base) = (
-            quantile(&mut run.sched_us, 0.5),
-            quantile(&mut base_us, 0.5),
-        );
+        let (ours, base) = (percentile(&run.sched_us, 0.5), percentile(&base_us, 0.5));
         sched_p50.push(ours);
         base_p50.push(base);
         ratios.push(ours / base);
@@ -125,15 +123,15 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
     m.shutdown();
     let ratio = paired_ratio(&sched_p50, &base_p50);
     let mut per_round = |f: &dyn Fn(&mut StepRun) -> f64| -> f64 {
-        let mut values: Vec<f64> = runs.iter_mut().map(f).collect();
-        quantile(&mut values, 0.5)
+        let values: Vec<f64> = runs.iter_mut().map(f).collect();
+        percentile(&values, 0.5)
     };
-    let sched_p99 = per_round(&|r| quantile(&mut r.sched_us, 0.99));
-    let flush = per_round(&|r| quantile(&mut r.flush_us, 0.5));
-    let steps_to_resolve = per_round(&|r| quantile(&mut r.steps_to_resolve, 0.5));
-    let ttv_p50 = per_round(&|r| quantile(&mut r.ttv_us, 0.5));
-    let ttv_p99 = per_round(&|r| quantile(&mut r.ttv_us, 0.99));
-    let slow_ttv = per_round(&|r| quantile(&mut r.slow_ttv_us, 0.5));
+    let sched_p99 = per_round(&|r| percentile(&r.sched_us, 0.99));
+    let flush = per_round(&|r| percentile(&r.flush_us, 0.5));
+    let steps_to_resolve = per_round(&|r| percentile(&r.steps_to_resolve, 0.5));
+    let ttv_p50 = per_round(&|r| percentile(&r.ttv_us, 0.5));
+    let ttv_p99 = per_round(&|r| percentile(&r.ttv_us, 0.99));
+    let slow_ttv = per_round(&|r| percentile(&r.slow_ttv_us, 0.5));
     let verdict_errors: u64 = runs.iter().map(|r| r.verdict_errors).sum();
     let state_empty = runs.iter().all(|r| r.state_empty);
     let mut line = json!({
@@ -145,8 +143,8 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
                     "rounds": rounds,
                     "slow_request_ms": if slow { SLOW.as_millis() as u64 } else { 0 },
                     "ttv_scope": if slow { "cohorts after the slow one" } else { "all keys" } },
-        "scheduler_us_per_step": round3(quantile(&mut sched_p50, 0.5)),
-        "baseline_us_per_step": round3(quantile(&mut base_p50, 0.5)),
+        "scheduler_us_per_step": round3(percentile(&sched_p50, 0.5)),
+        "baseline_us_per_step": round3(percentile(&base_p50, 0.5)),
         "ratio": round3(ratio),
         "ratio_rounds": ratios.iter().map(|r| round3(*r)).collect::<Vec<_>>(),
         "baseline": "minimal step loop: HashMap<OffloadKey, u8> get-or-insert and a push per new key, one get per resolved key, answers applied with one get_mut per key, flush moves each request's Vec",
@@ -157,9 +155,9 @@ pub(crate) fn step_cycle(cli: &Cli, slow: bool) -> Result<Value, Failure> {
         "ttv_p99_us": round3(ttv_p99),
         "verdict_errors": verdict_errors,
         "state_empty_after_cleanup": state_empty,
-        // Per round (the median of the rounds), as when w2 ran one round.
-        "tier_calls": quantile(&mut calls, 0.5) as u64,
-        "errors": quantile(&mut errors, 0.5) as u64,
+        // Per round (the median of the rounds), as when step-cycle ran one round.
+        "tier_calls": percentile(&calls, 0.5) as u64,
+        "errors": percentile(&errors, 0.5) as u64,
     });
     if slow {
         line["slow_request_ttv_p50_us"] = json!(round3(slow_ttv));
@@ -177,7 +175,7 @@ struct StepRun {
     flush_us: Vec<f64>,
     steps_to_resolve: Vec<f64>,
     ttv_us: Vec<f64>,
-    /// W2-slow: time to verdict of the slow request's shared keys.
+    /// step-cycle-slow: time to verdict of the slow request's shared keys.
     slow_ttv_us: Vec<f64>,
     verdict_errors: u64,
     /// Whether the manager held nothing once every request was cleaned up
@@ -186,7 +184,7 @@ struct StepRun {
 }
 
 /// One round of the manager's step loop over `plan`, cohort `c`'s request
-/// `r` named `c{c}-r{r}` (W2-slow's fault is on `c0-r0`).
+/// `r` named `c{c}-r{r}` (step-cycle-slow's fault is on `c0-r0`).
 fn manager_step_loop(
     cli: &Cli,
     m: &mut AsyncLookupManager<kvtier_mock::MockTier>,
@@ -310,7 +308,7 @@ fn manager_step_loop(
     Ok(run)
 }
 
-/// W2's baseline: the step loop any correct ledger must run, over the same
+/// step-cycle's baseline: the step loop any correct ledger must run, over the same
 /// cohorts with the same schedule (a cohort arrives each step, its keys are
 /// answered by the next step), timed over the same window (answers applied,
 /// lookups, flush). A new key is a get-or-insert into a

@@ -1,5 +1,6 @@
-//! W3, the Redis tier (single server and cluster) through the manager,
-//! next to redis-benchmark and to a raw redis-rs pipeline loop.
+//! `redis` (alias `w3`; JSON `"workload": "w3"`), the Redis tier (single
+//! server and cluster) through the manager, next to redis-benchmark and to a
+//! raw redis-rs pipeline loop.
 
 mod baselines;
 mod pinning;
@@ -7,7 +8,7 @@ mod pinning;
 use std::sync::Arc;
 use std::time::Duration;
 
-use examples::{Rng, key_from_id, quantile};
+use examples::{Rng, key_from_id, percentile};
 use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
 use serde_json::{Value, json};
 
@@ -16,7 +17,7 @@ use self::pinning::{Pinning, redis_server_pids};
 use crate::common::{Step, back_to_back, paired_ratio, polled, round3, unpark_me};
 use crate::{Cli, Failure};
 
-/// W3: the Redis tier through the manager. Preload 50,000 keys; steps of
+/// redis: the Redis tier through the manager. Preload 50,000 keys; steps of
 /// 1,024 new keys (half present) from one request each: keys/s with steps
 /// issued back to back, and time-to-verdict p50/p99 over 200 steps polled
 /// every 0.1 ms. Next to redis-benchmark -P 1000 EXISTS on the same server
@@ -24,11 +25,11 @@ use crate::{Cli, Failure};
 /// literal `-c 1`), both on its usual keys (short, absent) and on keys that
 /// cost the server what the tier's cost (as long, half present); each also
 /// with the servers pinned to a CPU of their own (see [`Pinning`]).
-pub(crate) fn w3(cli: &Cli) -> Result<Vec<Value>, Failure> {
+pub(crate) fn redis_tier(cli: &Cli) -> Result<Vec<Value>, Failure> {
     let single = std::env::var("KVTIER_REDIS_URL").ok();
     let cluster = std::env::var("KVTIER_REDIS_CLUSTER_URLS").ok();
     if single.is_none() && cluster.is_none() {
-        return Err("w3 needs KVTIER_REDIS_URL and/or KVTIER_REDIS_CLUSTER_URLS: run `scripts/services.sh start` and `source .services/env`".into());
+        return Err("redis (w3) needs KVTIER_REDIS_URL and/or KVTIER_REDIS_CLUSTER_URLS: run `scripts/services.sh start` and `source .services/env`".into());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -231,16 +232,16 @@ fn w3_one(
     }
     let ratio = paired_ratio(&rates, &baselines);
     let matched_ratio = paired_ratio(&rates, &matched);
-    let matched_rate = quantile(&mut matched, 0.5);
+    let matched_rate = percentile(&matched, 0.5);
     let wide_ratio = paired_ratio(&wide_rates, &baselines);
-    let wide_rate = quantile(&mut wide_rates, 0.5);
+    let wide_rate = percentile(&wide_rates, 0.5);
     let raw_ratio = paired_ratio(&rates, &raw_client);
     let raw_vs_benchmark = paired_ratio(&raw_client, &baselines);
-    let raw_rate = quantile(&mut raw_client, 0.5);
+    let raw_rate = percentile(&raw_client, 0.5);
     let one_connection_ratio = cluster.then(|| paired_ratio(&rates, &one_connection));
-    let one_connection_rate = cluster.then(|| quantile(&mut one_connection, 0.5).round());
-    let keys_per_s = quantile(&mut rates, 0.5);
-    let baseline = quantile(&mut baselines, 0.5);
+    let one_connection_rate = cluster.then(|| percentile(&one_connection, 0.5).round());
+    let keys_per_s = percentile(&rates, 0.5);
+    let baseline = percentile(&baselines, 0.5);
 
     // Time to verdict: one step at a time, polled every 0.1 ms.
     let ttv_work: Vec<Step> = (0..ttv_steps)
@@ -249,7 +250,7 @@ fn w3_one(
             (ReqContext::new(format!("w3-ttv-{s}")), keys, truth)
         })
         .collect();
-    let (mut ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
+    let (ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
     verdict_errors += errors;
     // Leave the server as it was (the run's names are unique to it).
     rt.block_on(kvtier_core::BlockStore::remove_many(
@@ -280,8 +281,8 @@ fn w3_one(
         "raw_redis_rs_vs_benchmark": round3(raw_vs_benchmark),
         "lean_pipelines": tier.pipeline_stats().lean,
         "lean_fallbacks": tier.pipeline_stats().fallbacks,
-        "ttv_p50_us": round3(quantile(&mut ttv, 0.5)),
-        "ttv_p99_us": round3(quantile(&mut ttv, 0.99)),
+        "ttv_p50_us": round3(percentile(&ttv, 0.5)),
+        "ttv_p99_us": round3(percentile(&ttv, 0.99)),
         "verdict_errors": verdict_errors,
         "errors": stats.errors + stats.timeouts + wide_stats.errors + wide_stats.timeouts,
     });
@@ -297,11 +298,11 @@ fn w3_one(
         line["pinned_ratio"] = json!(round3(paired_ratio(&pinned_rates, &pinned_baselines)));
         line["pinned_ratio_vs_matched"] =
             json!(round3(paired_ratio(&pinned_rates, &pinned_matched)));
-        // After the paired ratios: `quantile` sorts.
-        line["pinned_keys_per_s"] = json!(quantile(&mut pinned_rates, 0.5).round());
-        line["pinned_baseline_keys_per_s"] = json!(quantile(&mut pinned_baselines, 0.5).round());
+        // After the paired ratios: `percentile` sorts.
+        line["pinned_keys_per_s"] = json!(percentile(&pinned_rates, 0.5).round());
+        line["pinned_baseline_keys_per_s"] = json!(percentile(&pinned_baselines, 0.5).round());
         line["pinned_baseline_matched_keys_per_s"] =
-            json!(quantile(&mut pinned_matched, 0.5).round());
+            json!(percentile(&pinned_matched, 0.5).round());
         line["params"]["pinned"] =
             json!("servers on CPU 0; kvbench and redis-benchmark on the other CPUs (taskset)");
     }
