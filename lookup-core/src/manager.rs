@@ -192,10 +192,13 @@ impl<T: Tier> AsyncLookupManager<T> {
         // The worker runs `max_calls_in_flight` calls at once and holds as
         // many more ready to start: a call ending is followed at once by the
         // next, instead of by the scheduler's next drain.
-        let ledger = Ledger::new(&ManagerConfig {
-            max_calls_in_flight: config.max_calls_in_flight.saturating_mul(2),
-            ..config.clone()
-        });
+        let ledger = Ledger::new(
+            &ManagerConfig {
+                max_calls_in_flight: config.max_calls_in_flight.saturating_mul(2),
+                ..config.clone()
+            },
+            Instant::now(),
+        );
         Ok(Self {
             metrics: TierMetrics::new(&config.tier_name),
             ledger,

@@ -28,8 +28,8 @@ fn salted(tenant: &str, i: u32) -> OffloadKey {
 /// tenant gets its own verdict.
 #[test]
 fn salted_keys_keep_tenants_apart_in_the_ledger() {
-    let mut ledger = Ledger::new(&ManagerConfig::named("shared"));
     let now = Instant::now();
+    let mut ledger = Ledger::new(&ManagerConfig::named("shared"), now);
     let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
     let (key_a, key_b) = (salted("tenant-a", 0), salted("tenant-b", 0));
     assert_ne!(key_a, key_b);
