@@ -150,6 +150,7 @@
 
 mod batch;
 mod call;
+mod counters;
 mod index;
 mod slab;
 mod table;
@@ -163,12 +164,13 @@ use std::time::{Duration, Instant};
 use crate::config::ManagerConfig;
 use crate::error::{LookupError, TierError, TierErrorKind};
 use crate::key::{OffloadKey, ReqContext};
-use crate::stats::{LatencyHistogram, ManagerStats};
+use crate::stats::ManagerStats;
 
 /// The verdict types, also here for code that names them by this path.
 pub use crate::verdict::{LookupVerdict, PrefixVerdict};
 use batch::{Batch, Group, RUN_CAPACITY};
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
+use counters::{Counters, Gauges};
 use slab::{Slab, Slot};
 use table::{
     KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe, generation_before, next_generation,
@@ -336,23 +338,6 @@ struct RunningCall {
     flushed_at: u64,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    lookups: u64,
-    hits: u64,
-    misses: u64,
-    errors: u64,
-    timeouts: u64,
-    forced_misses: u64,
-    stale_results_dropped: u64,
-    late_answers_dropped: u64,
-    deferred: u64,
-    calls_started: u64,
-    calls_finished: u64,
-    /// The first failed call's cause, kept for `stats()`.
-    first_error: Option<String>,
-}
-
 #[derive(Debug, Clone, Copy, Default)]
 struct StepState {
     /// Groups of the step not yet finished (queued or running).
@@ -431,8 +416,6 @@ pub struct Ledger {
     next_step: u64,
 
     counters: Counters,
-    call_latency: LatencyHistogram,
-    time_to_verdict: LatencyHistogram,
 }
 
 impl Ledger {
@@ -472,9 +455,7 @@ impl Ledger {
             steps: BTreeMap::new(),
             started_steps: 0,
             next_step: 0,
-            counters: Counters::default(),
-            call_latency: LatencyHistogram::new(),
-            time_to_verdict: LatencyHistogram::new(),
+            counters: Counters::new(),
         }
     }
 
@@ -857,8 +838,7 @@ impl Ledger {
     /// `flush`, starting each run's call directly while `start` is given,
     /// no group waits and the limits allow (see `flush_and_start`).
     fn flush_runs(&mut self, now: Instant, mut start: Option<&mut Vec<TierCall>>) {
-        self.time_to_verdict.settle();
-        self.call_latency.settle();
+        self.counters.settle();
         if self.batch.is_empty() {
             return;
         }
@@ -1154,9 +1134,8 @@ impl Ledger {
             self.counters.late_answers_dropped += 1;
             return;
         };
-        self.counters.calls_finished += 1;
+        self.counters.call_finished(elapsed);
         self.finish_group(call.step);
-        self.call_latency.record(elapsed);
         let now_ticks = ticks(self.epoch, now);
 
         let failure = match outcome {
@@ -1166,7 +1145,8 @@ impl Ledger {
                     let timed = self.resolve(probe, KeyResult::Answer(present), call.flushed_at);
                     self.time_first_verdict(timed, call.flushed_at, now_ticks, &mut first_verdicts);
                 }
-                self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
+                self.counters
+                    .record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
                 self.batch.recycle(call.probes);
                 return;
             }
@@ -1177,7 +1157,7 @@ impl Ledger {
                     results = found.len(),
                     "tier answered with the wrong number of results; resolving its keys as errors"
                 );
-                self.counters.first_error.get_or_insert_with(|| {
+                self.counters.note_failure(|| {
                     format!(
                         "answered {} results for {} keys",
                         found.len(),
@@ -1188,9 +1168,7 @@ impl Ledger {
             }
             CallOutcome::Failed(err) => {
                 tracing::warn!(tier = %self.tier, keys = call.probes.len(), error = %err, "tier call failed");
-                self.counters
-                    .first_error
-                    .get_or_insert_with(|| crate::error::one_line(&err));
+                self.counters.note_failure(|| crate::error::one_line(&err));
                 err.kind()
             }
             CallOutcome::TimedOut => {
@@ -1200,7 +1178,7 @@ impl Ledger {
                     timeout_ms = self.call_timeout.as_millis() as u64,
                     "tier call exceeded its deadline"
                 );
-                self.counters.first_error.get_or_insert_with(|| {
+                self.counters.note_failure(|| {
                     format!(
                         "no answer within the call deadline ({} ms)",
                         self.call_timeout.as_millis()
@@ -1224,7 +1202,8 @@ impl Ledger {
             }
             self.time_first_verdict(Some(timed), call.flushed_at, now_ticks, &mut first_verdicts);
         }
-        self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
+        self.counters
+            .record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
         self.batch.recycle(call.probes);
     }
 
@@ -1243,18 +1222,7 @@ impl Ledger {
         match timed {
             Some(0) | None => {}
             Some(_) if call_flushed_at != 0 => *count += 1,
-            Some(flushed_at) => self.record_verdict_times(flushed_at, now_ticks, 1),
-        }
-    }
-
-    /// Records `count` times to verdict of keys flushed at `flushed_at`
-    /// (ticks plus one; 0: none) whose verdicts became available at
-    /// `now_ticks`.
-    fn record_verdict_times(&mut self, flushed_at: u64, now_ticks: u64, count: u64) {
-        if count > 0 && flushed_at > 0 {
-            let waited = now_ticks.saturating_sub(flushed_at - 1);
-            self.time_to_verdict
-                .record_n(Duration::from_nanos(waited), count);
+            Some(flushed_at) => self.counters.record_verdict_times(flushed_at, now_ticks, 1),
         }
     }
 
@@ -1360,7 +1328,8 @@ impl Ledger {
                     self.counters.timeouts += 1;
                 }
             }
-            self.record_verdict_times(flushed_at, now_ticks, first_verdicts);
+            self.counters
+                .record_verdict_times(flushed_at, now_ticks, first_verdicts);
         }
         if self.queue_deadlines.capacity() > 4 * self.queue_deadlines.len().max(1024) {
             self.queue_deadlines
@@ -1486,8 +1455,7 @@ impl Ledger {
             );
         }
         // Shutdown: every held-back sample is recorded now.
-        self.time_to_verdict.settle();
-        self.call_latency.settle();
+        self.counters.settle();
     }
 
     /// Whether any key waits for a flush or a call slot, or any call runs
@@ -1514,50 +1482,22 @@ impl Ledger {
     /// The counters and histograms as they are, for the metrics export:
     /// cheap enough for every flush (no summary, no allocation).
     pub(crate) fn metrics_view(&self) -> crate::metrics::LedgerView<'_> {
-        let c = &self.counters;
-        crate::metrics::LedgerView {
-            lookups: c.lookups,
-            hits: c.hits,
-            misses: c.misses,
-            errors: c.errors,
-            timeouts: c.timeouts,
-            deferred: c.deferred,
-            forced_misses: c.forced_misses,
-            stale_results_dropped: c.stale_results_dropped,
-            late_answers_dropped: c.late_answers_dropped,
-            calls_started: c.calls_started,
-            calls_finished: c.calls_finished,
+        self.counters.view(Gauges {
             calls_in_flight: self.running.len(),
             tracked_keys: self.keys.len(),
             queued_keys: self.queued_keys + self.batch.len,
-            time_to_verdict: &self.time_to_verdict,
-            tier_call_latency: &self.call_latency,
-        }
+        })
     }
 
     /// A snapshot of the counters and histograms.
     pub fn stats(&self) -> ManagerStats {
-        let c = &self.counters;
         ManagerStats {
             tier: self.tier.to_string(),
-            lookups: c.lookups,
-            hits: c.hits,
-            misses: c.misses,
-            errors: c.errors,
-            timeouts: c.timeouts,
-            forced_misses: c.forced_misses,
-            stale_results_dropped: c.stale_results_dropped,
-            late_answers_dropped: c.late_answers_dropped,
-            deferred: c.deferred,
-            calls_started: c.calls_started,
-            calls_finished: c.calls_finished,
             tracked_keys: self.keys.len(),
             in_flight_keys: self.running.values().map(|c| c.probes.len()).sum(),
             queued_keys: self.queued_keys + self.batch.len,
             tracked_requests: self.requests.len(),
-            tier_call_latency: self.call_latency.summary(),
-            time_to_verdict: self.time_to_verdict.summary(),
-            first_error: c.first_error.clone(),
+            ..self.counters.stats()
         }
     }
 }
