@@ -152,12 +152,14 @@ mod batch;
 mod call;
 mod counters;
 mod index;
+mod outstanding;
 mod slab;
+mod steps;
 mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -171,7 +173,9 @@ pub use crate::verdict::{LookupVerdict, PrefixVerdict};
 use batch::{Batch, Group, RUN_CAPACITY};
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
 use counters::{Counters, Gauges};
+use outstanding::{OutstandingCall, OutstandingCalls};
 use slab::{Slab, Slot};
+use steps::Steps;
 use table::{
     KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe, generation_before, next_generation,
 };
@@ -328,24 +332,6 @@ enum KeyResult {
     Failed { retry_at: u64 },
 }
 
-#[derive(Debug)]
-struct RunningCall {
-    step: u64,
-    probes: Vec<Probe>,
-    /// When the flush that submitted every key of the call happened, in
-    /// ticks plus one, for the time to verdict; 0 for a call of a queued
-    /// group, whose keys each keep theirs (`KeyCold::time`).
-    flushed_at: u64,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct StepState {
-    /// Groups of the step not yet finished (queued or running).
-    outstanding: usize,
-    /// Whether one of its calls has started.
-    started: bool,
-}
-
 /// The manager's state machine; see the [module docs](self).
 #[derive(Debug)]
 pub struct Ledger {
@@ -353,8 +339,6 @@ pub struct Ledger {
     max_key_len: usize,
     call_timeout: Duration,
     failure_backoff: Duration,
-    max_calls_in_flight: usize,
-    max_steps_in_flight: usize,
     max_queued_keys: usize,
     max_keys_per_call: usize,
 
@@ -407,13 +391,8 @@ pub struct Ledger {
     /// group and flush, not per key: the keys an entry covers are those of
     /// its group still queued with that flush time.
     queue_deadlines: VecDeque<(u64, u64, u64)>,
-    running: FastMap<CallId, RunningCall>,
-    /// Deadlines in start order; one timeout for all calls keeps them sorted.
-    deadlines: VecDeque<(Instant, CallId)>,
-    next_call: u64,
-    steps: BTreeMap<u64, StepState>,
-    started_steps: usize,
-    next_step: u64,
+    calls: OutstandingCalls,
+    steps: Steps,
 
     counters: Counters,
 }
@@ -428,8 +407,6 @@ impl Ledger {
             max_key_len: cfg.max_key_len,
             call_timeout: cfg.call_timeout(),
             failure_backoff: cfg.failure_backoff(),
-            max_calls_in_flight: cfg.max_calls_in_flight.max(1),
-            max_steps_in_flight: cfg.max_steps_in_flight.max(1),
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: now,
@@ -449,12 +426,8 @@ impl Ledger {
             next_group_seq: 0,
             queued_keys: 0,
             queue_deadlines: VecDeque::new(),
-            running: FastMap::default(),
-            deadlines: VecDeque::new(),
-            next_call: 0,
-            steps: BTreeMap::new(),
-            started_steps: 0,
-            next_step: 0,
+            calls: OutstandingCalls::new(cfg.call_timeout(), cfg.max_calls_in_flight),
+            steps: Steps::new(cfg.max_steps_in_flight),
             counters: Counters::new(),
         }
     }
@@ -842,7 +815,7 @@ impl Ledger {
         if self.batch.is_empty() {
             return;
         }
-        let step = self.next_step;
+        let step = self.steps.next();
         let flushed_at = ticks(self.epoch, now) + 1;
         let queue_deadline = ticks(self.epoch, now + self.call_timeout);
         let mut new_groups = 0usize;
@@ -867,10 +840,7 @@ impl Ledger {
                 && self.may_start_call(step_started)
             {
                 if let Some(call) = self.start_run(run, dirty, step, flushed_at, now) {
-                    if !step_started {
-                        step_started = true;
-                        self.started_steps += 1;
-                    }
+                    step_started = true;
                     new_groups += 1;
                     calls.push(call);
                 }
@@ -947,16 +917,7 @@ impl Ledger {
                 request.queued_group = Some(seq);
             }
         }
-        if new_groups > 0 {
-            self.next_step += 1;
-            self.steps.insert(
-                step,
-                StepState {
-                    outstanding: new_groups,
-                    started: step_started,
-                },
-            );
-        }
+        self.steps.open(new_groups, step_started);
     }
 
     /// Starts the call of one flushed run, handing its probes and keys over
@@ -1040,13 +1001,12 @@ impl Ledger {
     /// (`step_started`) or has not started a call yet.
     #[inline]
     fn may_start_call(&self, step_started: bool) -> bool {
-        self.running.len() < self.max_calls_in_flight
-            && (step_started || self.started_steps < self.max_steps_in_flight)
+        self.calls.has_room() && self.steps.admits(step_started)
     }
 
     /// Records a call about to be handed out, running from `now`, whose
     /// keys were flushed at `flushed_at` (0: each at its own, see
-    /// `RunningCall`).
+    /// `OutstandingCall`).
     fn register_call(
         &mut self,
         step: u64,
@@ -1056,18 +1016,12 @@ impl Ledger {
         now: Instant,
         flushed_at: u64,
     ) -> TierCall {
-        let id = CallId(self.next_call);
-        self.next_call += 1;
-        let deadline = now + self.call_timeout;
-        self.running.insert(
-            id,
-            RunningCall {
-                step,
-                probes,
-                flushed_at,
-            },
-        );
-        self.deadlines.push_back((deadline, id));
+        let call = OutstandingCall {
+            step,
+            probes,
+            flushed_at,
+        };
+        let (id, deadline) = self.calls.hand_out(call, now);
         self.counters.calls_started += 1;
         TierCall {
             id,
@@ -1083,7 +1037,7 @@ impl Ledger {
     pub fn next_call(&mut self, now: Instant) -> Option<TierCall> {
         loop {
             let group = self.ready.front()?;
-            let step_started = self.steps.get(&group.step).is_some_and(|s| s.started);
+            let step_started = self.steps.is_started(group.step);
             if !self.may_start_call(step_started) {
                 return None;
             }
@@ -1102,40 +1056,23 @@ impl Ledger {
             let mut probes = group.probes;
             let Some(keys) = self.move_in_flight(&mut probes) else {
                 // Every key was cleaned up or forced to miss while waiting.
-                self.finish_group(group.step);
+                self.steps.finish_group(group.step);
                 continue;
             };
-            if let Some(step) = self.steps.get_mut(&group.step)
-                && !step.started
-            {
-                step.started = true;
-                self.started_steps += 1;
-            }
+            self.steps.start(group.step);
             return Some(self.register_call(group.step, probes, keys, group.ctx, now, 0));
-        }
-    }
-
-    fn finish_group(&mut self, step: u64) {
-        if let Some(state) = self.steps.get_mut(&step) {
-            state.outstanding = state.outstanding.saturating_sub(1);
-            if state.outstanding == 0 {
-                if state.started {
-                    self.started_steps -= 1;
-                }
-                self.steps.remove(&step);
-            }
         }
     }
 
     /// Applies the outcome of call `id`, which took `elapsed`. An answer for
     /// a call that already timed out is dropped and counted.
     pub fn complete(&mut self, id: CallId, outcome: CallOutcome, elapsed: Duration, now: Instant) {
-        let Some(call) = self.running.remove(&id) else {
+        let Some(call) = self.calls.finish(id) else {
             self.counters.late_answers_dropped += 1;
             return;
         };
         self.counters.call_finished(elapsed);
-        self.finish_group(call.step);
+        self.steps.finish_group(call.step);
         let now_ticks = ticks(self.epoch, now);
 
         let failure = match outcome {
@@ -1285,14 +1222,8 @@ impl Ledger {
     /// it (all call slots taken by a slow or hung tier). A flushed key so
     /// gets its verdict within two call timeouts.
     pub fn expire(&mut self, now: Instant) {
-        while let Some(&(deadline, id)) = self.deadlines.front() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_front();
-            if self.running.contains_key(&id) {
-                self.complete(id, CallOutcome::TimedOut, self.call_timeout, now);
-            }
+        while let Some(id) = self.calls.next_expired(now) {
+            self.complete(id, CallOutcome::TimedOut, self.call_timeout, now);
         }
         // Keys flushed a whole call timeout ago and still waiting for a call.
         let now_ticks = ticks(self.epoch, now);
@@ -1335,20 +1266,12 @@ impl Ledger {
             self.queue_deadlines
                 .shrink_to(2 * self.queue_deadlines.len().max(1024));
         }
-        // Deadlines of calls that finished normally are dropped lazily above;
-        // keep the queue from growing when nothing expires for a long time.
-        if self.deadlines.len() > 2 * self.running.len() + 64 {
-            let running = &self.running;
-            self.deadlines.retain(|(_, id)| running.contains_key(id));
-        }
+        self.calls.compact();
     }
 
     /// The earliest deadline of a running call.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines
-            .iter()
-            .find(|(_, id)| self.running.contains_key(id))
-            .map(|&(deadline, _)| deadline)
+        self.calls.next_deadline()
     }
 
     /// Forces the verdict of `keys` to miss after a failed load, so the
@@ -1442,8 +1365,7 @@ impl Ledger {
     /// Resolves every running call as failed, for shutdown: their keys
     /// answer miss (counted as errors).
     pub fn abandon_running(&mut self, now: Instant) {
-        let ids: Vec<CallId> = self.running.keys().copied().collect();
-        for id in ids {
+        for id in self.calls.ids() {
             self.complete(
                 id,
                 CallOutcome::Failed(TierError::new(
@@ -1461,12 +1383,12 @@ impl Ledger {
     /// Whether any key waits for a flush or a call slot, or any call runs
     /// (cheap, unlike [`stats`](Self::stats)).
     pub fn has_pending_calls(&self) -> bool {
-        !self.running.is_empty() || self.queued_keys > 0 || !self.batch.is_empty()
+        !self.calls.is_empty() || self.queued_keys > 0 || !self.batch.is_empty()
     }
 
     /// Number of tier calls running.
     pub fn running_calls(&self) -> usize {
-        self.running.len()
+        self.calls.len()
     }
 
     /// Whether the ledger holds no key, request, queued group or running call.
@@ -1474,7 +1396,7 @@ impl Ledger {
         self.keys.is_empty()
             && self.requests.is_empty()
             && self.requests_by_address.is_empty()
-            && self.running.is_empty()
+            && self.calls.is_empty()
             && self.ready.is_empty()
             && self.batch.is_empty()
     }
@@ -1483,7 +1405,7 @@ impl Ledger {
     /// cheap enough for every flush (no summary, no allocation).
     pub(crate) fn metrics_view(&self) -> crate::metrics::LedgerView<'_> {
         self.counters.view(Gauges {
-            calls_in_flight: self.running.len(),
+            calls_in_flight: self.calls.len(),
             tracked_keys: self.keys.len(),
             queued_keys: self.queued_keys + self.batch.len,
         })
@@ -1494,7 +1416,7 @@ impl Ledger {
         ManagerStats {
             tier: self.tier.to_string(),
             tracked_keys: self.keys.len(),
-            in_flight_keys: self.running.values().map(|c| c.probes.len()).sum(),
+            in_flight_keys: self.calls.keys(),
             queued_keys: self.queued_keys + self.batch.len,
             tracked_requests: self.requests.len(),
             ..self.counters.stats()
