@@ -153,6 +153,7 @@ mod call;
 mod counters;
 mod index;
 mod outstanding;
+mod requests;
 mod slab;
 mod steps;
 mod table;
@@ -170,11 +171,12 @@ use crate::stats::ManagerStats;
 
 /// The verdict types, also here for code that names them by this path.
 pub use crate::verdict::{LookupVerdict, PrefixVerdict};
-use batch::{Batch, Group, RUN_CAPACITY};
+use batch::{Batch, Group};
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
 use counters::{Counters, Gauges};
 use outstanding::{OutstandingCall, OutstandingCalls};
-use slab::{Slab, Slot};
+use requests::{Requests, id_address};
+use slab::Slot;
 use steps::Steps;
 use table::{
     KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe, generation_before, next_generation,
@@ -182,145 +184,9 @@ use table::{
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// A request's shared references are compacted (sorted, duplicates
-/// released) when their number reaches this, or twice the number left by
-/// the previous compaction.
-const SHARED_COMPACT_MIN: usize = 64;
-
-/// The keys created by another request that a request also refers to: one
-/// entry per reference taken. Taking a reference is a push, with no
-/// membership check: a request that asks again for a key it already shares
-/// (after another request asked for it in between) pushes it again and
-/// holds one more reference, which its cleanup releases like the first.
-/// When the list doubles it is compacted: sorted, and each duplicate's extra
-/// reference released at once, so it never holds more than twice the keys
-/// it refers to.
-///
-/// A request usually asks for its keys in the same order every step, so a
-/// cursor follows the list: a key found at the cursor (or, the scan having
-/// started again, at the front) is one the request already holds, and no
-/// reference is taken again. Only a key in the list proves membership
-/// (the request's reference keeps the key and its slot alive), so a
-/// cursor gone stale costs a duplicate reference at most, never a wrong one.
-#[derive(Debug, Default)]
-struct SharedRefs {
-    slots: Vec<Slot>,
-    compact_at: usize,
-    /// Where the next shared key the request asks for probably is.
-    cursor: usize,
-}
-
-impl SharedRefs {
-    /// Whether `slot` is at the cursor, just before it (asked for again: a
-    /// prefix scan, then a lookup; a failed key's re-check) or at the front
-    /// of the list; then the request holds it, and the cursor moves past it.
-    #[inline(always)]
-    fn follows(&mut self, slot: Slot) -> bool {
-        if self.slots.get(self.cursor) == Some(&slot) {
-            self.cursor += 1;
-            true
-        } else {
-            self.follows_not_next(slot)
-        }
-    }
-
-    /// [`follows`](Self::follows) for a key not at the cursor.
-    #[inline]
-    fn follows_not_next(&mut self, slot: Slot) -> bool {
-        if self.cursor > 0 && self.slots.get(self.cursor - 1) == Some(&slot) {
-            true
-        } else if self.slots.first() == Some(&slot) {
-            self.cursor = 1;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// Sorts a request's shared references and releases each duplicate's
-/// extra reference (the entry left holds one, so no key is freed here).
-#[cold]
-fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
-    shared.slots.sort_unstable();
-    let mut kept = 0;
-    for i in 0..shared.slots.len() {
-        let slot = shared.slots[i];
-        if kept > 0 && shared.slots[kept - 1] == slot {
-            if let Some((_, cold)) = keys.get_both(slot) {
-                cold.refs = cold.refs.saturating_sub(1);
-            }
-        } else {
-            shared.slots[kept] = slot;
-            kept += 1;
-        }
-    }
-    shared.slots.truncate(kept);
-    shared.compact_at = 2 * kept;
-    shared.cursor = 0;
-}
-
-/// How many emptied key lists of cleaned-up requests the ledger keeps for
-/// new requests (128 bytes each).
-const SPARE_LISTS: usize = 128;
-
-/// An empty key list with room for `RUN_CAPACITY` keys, reused if one is spare.
-#[inline]
-fn new_list(spare: &mut Vec<Vec<Slot>>) -> Vec<Slot> {
-    spare
-        .pop()
-        .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
-}
-
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
-}
-
-#[derive(Debug)]
-struct RequestEntry {
-    serial: u32,
-    /// Keys this request created: it holds a reference to each (their
-    /// entries name it as `creator`, so no set membership is needed).
-    created: Vec<Slot>,
-    /// Keys created by another request that this one also refers to.
-    shared: SharedRefs,
-    /// The sequence number of this request's group still waiting in
-    /// `ready`, if any (a flush tops it up instead of queueing another).
-    queued_group: Option<u64>,
-    /// The batch epoch of this request's last run (see `Batch::epoch`).
-    batch_epoch: u64,
-}
-
-/// The request of the previous lookup: the address of its id's `Arc`
-/// (compared with the asking context's, never dereferenced), its slot and
-/// serial. The address cannot be another request's while it is cached:
-/// the `Arc` is the one the request was registered with, kept by
-/// `requests` until its cleanup (which forgets this), or a clone in
-/// `last_request_hold`. No reference is counted per request switch, so
-/// the scheduler thread never touches the `Arc`'s count, which the worker
-/// writes when it drops a finished call's context.
-#[derive(Debug, Clone, Copy)]
-struct LastRequest {
-    /// 0 for none: no `Arc` is at address 0.
-    id: usize,
-    slot: Slot,
-    serial: u32,
-}
-
-impl LastRequest {
-    /// No request cached: no context's address matches it.
-    const NONE: Self = Self {
-        id: 0,
-        slot: 0,
-        serial: NO_REQUEST,
-    };
-}
-
-/// The address of a context's id, to compare with [`LastRequest::id`].
-#[inline(always)]
-fn id_address(ctx: &ReqContext) -> usize {
-    Arc::as_ptr(ctx.req_id_arc()).cast::<u8>().addr()
 }
 
 /// What a call says of one of its keys (see `Ledger::resolve`).
@@ -346,30 +212,8 @@ pub struct Ledger {
     /// instead of 16 in every key's state.
     epoch: Instant,
     keys: KeyTable,
-    /// Request id → its entry in `request_slab`.
-    requests: FastMap<Arc<str>, Slot>,
-    /// The address of each id `Arc` in `requests` → the same entry: a
-    /// request switch finds its request from the context's pointer, without
-    /// reading the id, whose line the worker writes when it drops a
-    /// finished call's context (and which a scheduler's long-lived request
-    /// has not touched for a while).
-    requests_by_address: FastMap<usize, Slot>,
-    request_slab: Slab<RequestEntry>,
-    /// The request of the previous lookup, to skip hashing its id again.
-    last_request: LastRequest,
-    /// A clone of the previous lookup's id when it is not the `Arc` the
-    /// request was registered with (a caller passing another context with
-    /// the same id): keeps its address that request's while it is cached.
-    last_request_hold: Option<Arc<str>>,
+    requests: Requests,
     next_generation: u64,
-    /// Serials are 32 bits (they sit in every key's hot entry); when they
-    /// run out, live requests are renumbered from 0 and every key's marks
-    /// forgotten (see `renumber_requests`), so two live requests never
-    /// share a serial.
-    next_serial: u32,
-    /// Emptied key lists of cleaned-up requests, of `RUN_CAPACITY`, reused
-    /// by new requests: a step then allocates no list per request.
-    spare_lists: Vec<Vec<Slot>>,
 
     batch: Batch,
     /// The generation of the first probe the flush batch may hold: a key in
@@ -411,14 +255,8 @@ impl Ledger {
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: now,
             keys: KeyTable::default(),
-            requests: FastMap::default(),
-            requests_by_address: FastMap::default(),
-            request_slab: Slab::default(),
-            last_request: LastRequest::NONE,
-            last_request_hold: None,
+            requests: Requests::default(),
             next_generation: 0,
-            next_serial: 0,
-            spare_lists: Vec::new(),
             batch: Batch::default(),
             batch_generation: 0,
             batch_dirty: false,
@@ -462,7 +300,7 @@ impl Ledger {
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
         // already holds.
-        let last = self.last_request;
+        let last = self.requests.last;
         if last.id == id_address(ctx) {
             let (request, serial) = (last.slot, last.serial);
             self.counters.lookups += 1;
@@ -474,10 +312,7 @@ impl Ledger {
             // a request that holds the key too.
             let held = state.last_req == serial
                 || state.creator == serial
-                || self
-                    .request_slab
-                    .get_mut(request)
-                    .is_some_and(|req| req.shared.follows(found));
+                || self.requests.follows(request, found);
             if held && let Some(verdict) = state.verdict() {
                 return Ok(verdict);
             }
@@ -501,7 +336,7 @@ impl Ledger {
         key: &OffloadKey,
     ) {
         if self.batch.push(request, serial, ctx, probe, key)
-            && let Some(req) = self.request_slab.get_mut(request)
+            && let Some(req) = self.requests.get_mut(request)
         {
             if req.batch_epoch == self.batch.epoch {
                 self.batch.interleaved = true;
@@ -549,12 +384,7 @@ impl Ledger {
             };
             self.next_generation = next_generation(generation);
             self.push_probe(request, serial, ctx, (slot, generation), key);
-            if let Some(req) = self.request_slab.get_mut(request) {
-                if req.created.capacity() == 0 {
-                    req.created = new_list(&mut self.spare_lists);
-                }
-                req.created.push(slot);
-            }
+            self.requests.add_created(request, slot);
             return LookupVerdict::Pending;
         };
         self.lookup_tracked(slot, request, serial, false, ctx, now)
@@ -574,27 +404,19 @@ impl Ledger {
         ctx: &ReqContext,
         now: &mut LazyNow,
     ) -> LookupVerdict {
-        let (keys, request_slab) = (&mut self.keys, &mut self.request_slab);
-        let Some((state, cold)) = keys.get_both(slot) else {
+        let Some((state, cold)) = self.keys.get_both(slot) else {
             return LookupVerdict::Pending; // unreachable: `find` returned it
         };
         let mut compact = false;
         if state.last_req != serial {
             state.last_req = serial;
             if state.creator != serial
-                && let Some(req) = request_slab.get_mut(request)
-                && (not_held || !req.shared.follows(slot))
+                && let Some(due) = self.requests.share(request, slot, not_held)
             {
                 cold.refs += 1;
-                // Referred to again: no longer kept only for its answer.
+                // Referred to again: not kept only for its answer any more.
                 state.set_orphan(false);
-                let shared = &mut req.shared;
-                if shared.slots.capacity() == 0 {
-                    shared.slots = new_list(&mut self.spare_lists);
-                }
-                shared.slots.push(slot);
-                shared.cursor = shared.slots.len();
-                compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
+                compact = due;
             }
         }
         let verdict = state.verdict();
@@ -610,8 +432,8 @@ impl Ledger {
     /// Compacts the shared references of the request at `request`.
     #[cold]
     fn compact_request(&mut self, request: Slot) {
-        if let Some(req) = self.request_slab.get_mut(request) {
-            compact_shared(&mut self.keys, &mut req.shared);
+        if let Some(req) = self.requests.get_mut(request) {
+            req.shared.compact(&mut self.keys);
         }
     }
 
@@ -678,99 +500,38 @@ impl Ledger {
     /// The request's slot and serial, registering a request seen for the
     /// first time; `None` only if 2^32 requests are live.
     fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u32)> {
-        let address = id_address(ctx);
-        let last = self.last_request;
-        if last.id == address {
-            return Some((last.slot, last.serial));
+        if let Some(found) = self.requests.find(ctx) {
+            return Some(found);
         }
-        // The context carries the id `Arc` the request was registered with
-        // (kept in `requests` until its cleanup): the same request.
-        if let Some(&slot) = self.requests_by_address.get(&address)
-            && let Some(entry) = self.request_slab.get(slot)
-        {
-            let serial = entry.serial;
-            self.last_request = LastRequest {
-                id: address,
-                slot,
-                serial,
-            };
-            self.last_request_hold = None;
-            return Some((slot, serial));
+        if self.requests.serials_exhausted() {
+            self.renumber_requests();
         }
-        let known = self
-            .requests
-            .get_key_value(ctx.req_id())
-            .and_then(|(registered, &slot)| {
-                let same = Arc::ptr_eq(registered, ctx.req_id_arc());
-                Some((slot, self.request_slab.get(slot)?.serial, same))
-            });
-        let (slot, serial) = match known {
-            Some((slot, serial, same)) => {
-                self.last_request_hold = (!same).then(|| Arc::clone(ctx.req_id_arc()));
-                (slot, serial)
-            }
-            None => {
-                if self.next_serial == NO_REQUEST {
-                    self.renumber_requests();
-                }
-                let serial = self.next_serial;
-                let slot = self.request_slab.insert(
-                    RequestEntry {
-                        serial,
-                        created: Vec::new(),
-                        shared: SharedRefs::default(),
-                        queued_group: None,
-                        batch_epoch: u64::MAX,
-                    },
-                    (),
-                )?;
-                self.next_serial += 1;
-                self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
-                self.requests_by_address.insert(address, slot);
-                self.last_request_hold = None;
-                (slot, serial)
-            }
-        };
-        self.last_request = LastRequest {
-            id: address,
-            slot,
-            serial,
-        };
-        Some((slot, serial))
+        self.requests.register(ctx)
     }
 
     /// Gives the live requests the serials 0, 1, …, when 32-bit serials ran
     /// out (once every 2^32 requests): every key forgets its request marks
     /// (the next ask checks membership again, which is always correct), and
-    /// the flush batch follows the new serials.
+    /// the flush batch and the ready queue follow the new serials.
     #[cold]
     fn renumber_requests(&mut self) {
-        let mut renumbered: HashMap<u32, u32> = HashMap::new();
-        let mut next = 0u32;
-        for (entry, ()) in self.request_slab.iter_mut() {
-            renumbered.insert(entry.serial, next);
-            entry.serial = next;
-            next = next.saturating_add(1);
-        }
-        let renumber = |serial: &mut u32| {
-            *serial = renumbered.get(serial).copied().unwrap_or(NO_REQUEST);
+        let renumbered = self.requests.renumber();
+        let renumber = |request: &mut (Slot, u32)| {
+            request.1 = renumbered.get(&request.1).copied().unwrap_or(NO_REQUEST);
         };
         for run in &mut self.batch.runs {
-            renumber(&mut run.request.1);
+            renumber(&mut run.request);
         }
         for group in &mut self.ready {
-            renumber(&mut group.request.1);
+            renumber(&mut group.request);
         }
         self.keys.forget_request_marks();
-        self.last_request = LastRequest::NONE;
-        self.last_request_hold = None;
-        self.next_serial = next;
     }
 
     /// Starts request serials at `serial`, to test their wrap-around.
     #[cfg(test)]
     fn set_next_serial(&mut self, serial: u32) {
-        self.next_serial = serial;
+        self.requests.set_next_serial(serial);
     }
 
     /// Starts probe generations at `generation` (modulo 2^56, their width),
@@ -870,10 +631,7 @@ impl Ledger {
             // (its index there: groups in `ready` have consecutive sequence
             // numbers, and none leaves it during a flush).
             let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            let request = self
-                .request_slab
-                .get_mut(run.request.0)
-                .filter(|r| r.serial == run.request.1);
+            let request = self.requests.live_mut(run.request);
             if let Some(group) = request
                 .as_ref()
                 .and_then(|r| r.queued_group)
@@ -941,11 +699,7 @@ impl Ledger {
                 return None;
             }
         }
-        if let Some(request) = self
-            .request_slab
-            .get_mut(run.request.0)
-            .filter(|r| r.serial == run.request.1)
-        {
+        if let Some(request) = self.requests.live_mut(run.request) {
             // Nothing waits in `ready`: a recorded group is gone.
             request.queued_group = None;
         }
@@ -1043,9 +797,9 @@ impl Ledger {
             }
             let group = self.ready.pop_front()?;
             if let Some(request) = self
-                .request_slab
-                .get_mut(group.request.0)
-                .filter(|r| r.serial == group.request.1 && r.queued_group == Some(group.seq))
+                .requests
+                .live_mut(group.request)
+                .filter(|r| r.queued_group == Some(group.seq))
             {
                 request.queued_group = None;
             }
@@ -1309,18 +1063,9 @@ impl Ledger {
     /// references are forgotten, except those whose probe is running: they
     /// stay until the answer lands.
     pub fn cleanup(&mut self, req_id: &str) {
-        let Some((id, slot)) = self.requests.remove_entry(req_id) else {
+        let Some(entry) = self.requests.remove(req_id) else {
             return;
         };
-        self.requests_by_address
-            .remove(&Arc::as_ptr(&id).cast::<u8>().addr());
-        let Some(entry) = self.request_slab.remove(slot) else {
-            return;
-        };
-        if self.last_request.serial == entry.serial {
-            self.last_request = LastRequest::NONE;
-            self.last_request_hold = None;
-        }
         let batch_generation = self.batch_generation;
         let mut dirty = false;
         let mut release = |keys: &mut KeyTable, slot: Slot| {
@@ -1341,20 +1086,11 @@ impl Ledger {
                 keys.remove(slot);
             }
         };
-        for &slot in &entry.created {
-            release(&mut self.keys, slot);
-        }
-        for &slot in &entry.shared.slots {
+        for &slot in entry.created.iter().chain(&entry.shared.slots) {
             release(&mut self.keys, slot);
         }
         self.batch_dirty |= dirty;
-        for list in [entry.created, entry.shared.slots] {
-            if list.capacity() == RUN_CAPACITY && self.spare_lists.len() < SPARE_LISTS {
-                let mut list = list;
-                list.clear();
-                self.spare_lists.push(list);
-            }
-        }
+        self.requests.recycle(entry);
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
             self.batch.take();
@@ -1395,7 +1131,6 @@ impl Ledger {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
             && self.requests.is_empty()
-            && self.requests_by_address.is_empty()
             && self.calls.is_empty()
             && self.ready.is_empty()
             && self.batch.is_empty()

@@ -1,6 +1,10 @@
 //! The ledger's unit tests: request serials and shared references, the
 //! time to verdict, and queue deadlines of keys topping up a group.
 
+use std::time::{Duration, Instant};
+
+use super::requests::SHARED_COMPACT_MIN;
+use super::table::NO_REQUEST;
 use super::*;
 
 fn ledger() -> Ledger {
@@ -158,8 +162,7 @@ fn a_request_sharing_many_keys_holds_each_once() {
         if round == 0 {
             answer_all(&mut l, now);
         }
-        let b_slot = l.requests["b"];
-        let held = l.request_slab.get(b_slot).unwrap().shared.slots.len();
+        let held = l.requests.shared_len("b");
         assert!(
             held <= 2 * keys.len(),
             "round {round}: b holds {held} entries"
@@ -190,8 +193,7 @@ fn forty_keys() -> Vec<OffloadKey> {
 /// each key `refs` references.
 fn assert_each_shared_key_held_once(l: &Ledger, sharers: &[&str], keys: &[OffloadKey], refs: u32) {
     for name in sharers {
-        let slot = l.requests[*name];
-        let held = l.request_slab.get(slot).unwrap().shared.slots.len();
+        let held = l.requests.shared_len(name);
         assert_eq!(held, keys.len(), "{name} holds {held} entries");
     }
     for key in keys {
