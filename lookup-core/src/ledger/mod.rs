@@ -113,54 +113,76 @@
 //!
 //! # Layout
 //!
-//! Every tracked key lives in one slab entry with a stable index ("slot",
-//! `slab.rs`). The only hash probe is `lookup`'s (and `mark_miss`'s), in an
-//! index of slots keyed by the key's precomputed hash (`index.rs`): chunks
-//! of one cache line, twelve one-byte tags beside their twelve slots, so a
-//! lookup reads one line of the index and then the entry. Removal leaves
-//! no tombstone (each chunk counts the keys that overflowed past it, as in
-//! folly's F14), so the scheduler's churn leaves nothing behind to lengthen
-//! a search. An entry is split in two: the hot part is one 64-byte,
-//! cache-line-aligned value (`table.rs`): the key, a word holding the
-//! probe's 56-bit generation and the status byte (phase, "revalidating",
-//! "orphan"), and the serials of the request that last took or showed a
-//! reference and of the one that created the key, so the lookup of a key
-//! by its creator, or by the request that asked last, reads nothing else.
-//! The cold part (reference count, queue or retry time) sits in a
-//! parallel array of the same fixed-size segment (one segment lookup
-//! reaches both), read only when a request first refers to a key, when a
-//! key is queued or fails, and at cleanup: an answer to a call the flush
-//! started reads the hot part only (a key nobody refers to any more is
-//! marked orphan there).
-//! Everything downstream (the flush batch and the queued groups of
-//! `batch.rs`, running calls, a request's references) holds
-//! `(slot, generation)` pairs and reaches the entry by index; the
-//! generation check makes a pair whose slot was freed or reused harmless.
-//! A run of the flush batch keeps its keys too, copied at their lookup, so
-//! the call a flush starts at once takes that list as it is: between a
-//! key's lookup and its answer, nothing walks it. Queue deadlines are kept
-//! per group and flush, not per key. The vectors of a step (a request's
-//! run of probes and of keys, which the manager's worker gives back
-//! emptied, and its lists of created and shared keys) are recycled, so a
-//! steady step loop allocates nothing per request. The request of the
-//! previous lookup is known by the address of its id's `Arc`, and a
-//! request switch finds a registered request by that address, so neither
-//! reads the id string. The values that cross to a transport
-//! ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
+//! The ledger is the face of seven parts, each a type in a module of its
+//! own that owns one invariant (its doc says which):
+//!
+//! - the tracked keys, `KeyTable` (`table.rs`, over `slab.rs` and
+//!   `index.rs`);
+//! - the request registry, `Requests` (`requests.rs`): serials, the keys
+//!   each request refers to, the request of the previous lookup;
+//! - the flush batch, `Batch` (`batch.rs`): probes looked up since the
+//!   last flush;
+//! - the ready queue, `ReadyQueue` (`queue.rs`): flushed keys waiting for a
+//!   call slot, with their deadlines;
+//! - the calls handed out, `OutstandingCalls` (`outstanding.rs`), with
+//!   their deadlines;
+//! - step admission, `Steps` (`steps.rs`);
+//! - the counters and histograms, `Counters` (`counters.rs`).
+//!
+//! The ledger's own operations that span them are in `lookup.rs`,
+//! `flush.rs` and `resolve.rs`; the values that cross to a transport
+//! ([`TierCall`], [`CallOutcome`], [`LazyNow`]) in `call.rs`.
+//!
+//! Every tracked key lives in one slab entry with a stable index ("slot").
+//! The only hash probe is `lookup`'s (and `mark_miss`'s), in an index of
+//! slots keyed by the key's precomputed hash: chunks of one cache line,
+//! twelve one-byte tags beside their twelve slots, so a lookup reads one
+//! line of the index and then the entry. Removal leaves no tombstone (each
+//! chunk counts the keys that overflowed past it, as in folly's F14), so
+//! the scheduler's churn leaves nothing behind to lengthen a search. An
+//! entry is split in two: the hot part is one 64-byte, cache-line-aligned
+//! value: the key, a word holding the probe's 56-bit generation and the
+//! status byte (phase, "revalidating", "orphan"), and the serials of the
+//! request that last took or showed a reference and of the one that
+//! created the key, so the lookup of a key by its creator, or by the
+//! request that asked last, reads nothing else. The cold part (reference
+//! count, queue or retry time) sits in a parallel array of the same
+//! fixed-size segment (one segment lookup reaches both), read only when a
+//! request first refers to a key, when a key is queued or fails, and at
+//! cleanup: an answer to a call the flush started reads the hot part only
+//! (a key nobody refers to any more is marked orphan there).
+//!
+//! Everything downstream (the flush batch, the queued groups, the calls
+//! handed out, a request's references) holds `(slot, generation)` pairs
+//! and reaches the entry by index; the generation check makes a pair whose
+//! slot was freed or reused harmless. A run of the flush batch keeps its
+//! keys too, copied at their lookup, so the call a flush starts at once
+//! takes that list as it is: between a key's lookup and its answer,
+//! nothing walks it. Queue deadlines are kept per group and flush, not per
+//! key. The vectors of a step (a request's run of probes and of keys,
+//! which the manager's worker gives back emptied, and its lists of created
+//! and shared keys) are recycled, so a steady step loop allocates nothing
+//! per request. The request of the previous lookup is known by the address
+//! of its id's `Arc`, and a request switch finds a registered request by
+//! that address, so neither reads the id string.
 
 mod batch;
 mod call;
 mod counters;
+mod flush;
 mod index;
+mod lookup;
 mod outstanding;
+mod queue;
 mod requests;
+mod resolve;
 mod slab;
 mod steps;
 mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -171,31 +193,20 @@ use crate::stats::ManagerStats;
 
 /// The verdict types, also here for code that names them by this path.
 pub use crate::verdict::{LookupVerdict, PrefixVerdict};
-use batch::{Batch, Group};
+use batch::Batch;
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
 use counters::{Counters, Gauges};
-use outstanding::{OutstandingCall, OutstandingCalls};
+use outstanding::OutstandingCalls;
+use queue::ReadyQueue;
 use requests::{Requests, id_address};
-use slab::Slot;
 use steps::Steps;
-use table::{
-    KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe, generation_before, next_generation,
-};
+use table::{KeyTable, Phase};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// What a call says of one of its keys (see `Ledger::resolve`).
-#[derive(Debug, Clone, Copy)]
-enum KeyResult {
-    /// The tier answered: the key is present or not.
-    Answer(bool),
-    /// The call failed or timed out: probe again from `retry_at` (ticks).
-    Failed { retry_at: u64 },
 }
 
 /// The manager's state machine; see the [module docs](self).
@@ -207,37 +218,18 @@ pub struct Ledger {
     failure_backoff: Duration,
     max_queued_keys: usize,
     max_keys_per_call: usize,
-
     /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
     /// instead of 16 in every key's state.
     epoch: Instant,
-    keys: KeyTable,
-    requests: Requests,
+    /// The generation the next probe gets.
     next_generation: u64,
 
+    keys: KeyTable,
+    requests: Requests,
     batch: Batch,
-    /// The generation of the first probe the flush batch may hold: a key in
-    /// phase `Probing` with a generation below it was flushed and its call
-    /// started (it is in flight), one at or above it waits for the flush.
-    batch_generation: u64,
-    /// Whether a probe of the flush batch went stale since it was pushed
-    /// (its key forgotten by a cleanup or forced to miss): the flush then
-    /// checks each key before handing it to a call.
-    batch_dirty: bool,
-    ready: VecDeque<Group>,
-    next_group_seq: u64,
-    queued_keys: usize,
-
-    /// (deadline in ticks, flush time in ticks plus one, group sequence
-    /// number) of every group a flush queued keys in, in flush order: a key
-    /// still waiting for a call at its deadline resolves as a timeout, so a
-    /// saturated or hung tier cannot make keys wait unbounded. One entry per
-    /// group and flush, not per key: the keys an entry covers are those of
-    /// its group still queued with that flush time.
-    queue_deadlines: VecDeque<(u64, u64, u64)>,
+    ready: ReadyQueue,
     calls: OutstandingCalls,
     steps: Steps,
-
     counters: Counters,
 }
 
@@ -254,16 +246,11 @@ impl Ledger {
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
             epoch: now,
+            next_generation: 0,
             keys: KeyTable::default(),
             requests: Requests::default(),
-            next_generation: 0,
             batch: Batch::default(),
-            batch_generation: 0,
-            batch_dirty: false,
-            ready: VecDeque::new(),
-            next_group_seq: 0,
-            queued_keys: 0,
-            queue_deadlines: VecDeque::new(),
+            ready: ReadyQueue::default(),
             calls: OutstandingCalls::new(cfg.call_timeout(), cfg.max_calls_in_flight),
             steps: Steps::new(cfg.max_steps_in_flight),
             counters: Counters::new(),
@@ -323,150 +310,6 @@ impl Ledger {
         Ok(self.lookup_slow(key, Some(found), ctx, now))
     }
 
-    /// Adds a probe of `key` by the request at `request` to the flush
-    /// batch; a run the request starts is noted on it, and its second run
-    /// in one batch makes the batch interleaved (see `Batch::interleaved`).
-    #[inline(always)]
-    fn push_probe(
-        &mut self,
-        request: Slot,
-        serial: u32,
-        ctx: &ReqContext,
-        probe: Probe,
-        key: &OffloadKey,
-    ) {
-        if self.batch.push(request, serial, ctx, probe, key)
-            && let Some(req) = self.requests.get_mut(request)
-        {
-            if req.batch_epoch == self.batch.epoch {
-                self.batch.interleaved = true;
-            }
-            req.batch_epoch = self.batch.epoch;
-        }
-    }
-
-    #[cold]
-    fn invalid_key(&self, len: usize) -> LookupError {
-        LookupError::InvalidKey {
-            len,
-            max: self.max_key_len,
-        }
-    }
-
-    /// `lookup` for every case but the common one: `found` is the key's
-    /// slot, if it is tracked.
-    #[inline(never)]
-    fn lookup_slow(
-        &mut self,
-        key: &OffloadKey,
-        found: Option<Slot>,
-        ctx: &ReqContext,
-        now: &mut LazyNow,
-    ) -> LookupVerdict {
-        self.counters.lookups += 1;
-        let Some((request, serial)) = self.request(ctx) else {
-            // 2^32 live requests: not reachable in practice, never a panic.
-            self.counters.deferred += 1;
-            return LookupVerdict::Pending;
-        };
-
-        let Some(slot) = found else {
-            if self.batch.len + self.queued_keys >= self.max_queued_keys {
-                self.counters.deferred += 1;
-                return LookupVerdict::Pending;
-            }
-            let generation = self.next_generation;
-            let Some(slot) = self.keys.insert(key.prehash(), KeyCold::NEW, || {
-                KeyEntry::new(key.clone(), generation, serial)
-            }) else {
-                self.counters.deferred += 1;
-                return LookupVerdict::Pending;
-            };
-            self.next_generation = next_generation(generation);
-            self.push_probe(request, serial, ctx, (slot, generation), key);
-            self.requests.add_created(request, slot);
-            return LookupVerdict::Pending;
-        };
-        self.lookup_tracked(slot, request, serial, false, ctx, now)
-    }
-
-    /// `lookup` of the tracked key at `slot` by the request at `request`
-    /// (serial `serial`): takes the request's reference if the key's marks
-    /// do not show it holds one, then answers from the entry. `not_held`:
-    /// the caller found neither mark nor the request's cursor naming it.
-    #[inline(never)]
-    fn lookup_tracked(
-        &mut self,
-        slot: Slot,
-        request: Slot,
-        serial: u32,
-        not_held: bool,
-        ctx: &ReqContext,
-        now: &mut LazyNow,
-    ) -> LookupVerdict {
-        let Some((state, cold)) = self.keys.get_both(slot) else {
-            return LookupVerdict::Pending; // unreachable: `find` returned it
-        };
-        let mut compact = false;
-        if state.last_req != serial {
-            state.last_req = serial;
-            if state.creator != serial
-                && let Some(due) = self.requests.share(request, slot, not_held)
-            {
-                cold.refs += 1;
-                // Referred to again: not kept only for its answer any more.
-                state.set_orphan(false);
-                compact = due;
-            }
-        }
-        let verdict = state.verdict();
-        if compact {
-            self.compact_request(request);
-        }
-        match verdict {
-            Some(verdict) => verdict,
-            None => self.lookup_failed(slot, request, serial, ctx, now),
-        }
-    }
-
-    /// Compacts the shared references of the request at `request`.
-    #[cold]
-    fn compact_request(&mut self, request: Slot) {
-        if let Some(req) = self.requests.get_mut(request) {
-            req.shared.compact(&mut self.keys);
-        }
-    }
-
-    /// A lookup of a key in phase `Failed`: miss, and past the back-off a
-    /// new probe under a new generation (the failure was never the truth),
-    /// answering miss meanwhile: a request that met the failure does not
-    /// wait a second time.
-    #[cold]
-    fn lookup_failed(
-        &mut self,
-        slot: Slot,
-        request: Slot,
-        serial: u32,
-        ctx: &ReqContext,
-        now: &mut LazyNow,
-    ) -> LookupVerdict {
-        let now_ticks = ticks(self.epoch, now.get());
-        let generation = self.next_generation;
-        let Some((state, cold)) = self.keys.get_both(slot) else {
-            return LookupVerdict::Miss;
-        };
-        if now_ticks >= cold.time {
-            self.next_generation = next_generation(generation);
-            state.set_generation(generation);
-            state.set_phase(Phase::Probing);
-            state.set_revalidating(true);
-            cold.time = 0;
-            let key = state.key.clone();
-            self.push_probe(request, serial, ctx, (slot, generation), &key);
-        }
-        LookupVerdict::Miss
-    }
-
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
     /// ends the scan, and an unresolved key before it makes the answer
     /// pending. Every unresolved key up to the first miss is registered, so
@@ -497,43 +340,6 @@ impl Ledger {
         })
     }
 
-    /// The request's slot and serial, registering a request seen for the
-    /// first time; `None` only if 2^32 requests are live.
-    fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u32)> {
-        if let Some(found) = self.requests.find(ctx) {
-            return Some(found);
-        }
-        if self.requests.serials_exhausted() {
-            self.renumber_requests();
-        }
-        self.requests.register(ctx)
-    }
-
-    /// Gives the live requests the serials 0, 1, …, when 32-bit serials ran
-    /// out (once every 2^32 requests): every key forgets its request marks
-    /// (the next ask checks membership again, which is always correct), and
-    /// the flush batch and the ready queue follow the new serials.
-    #[cold]
-    fn renumber_requests(&mut self) {
-        let renumbered = self.requests.renumber();
-        let renumber = |request: &mut (Slot, u32)| {
-            request.1 = renumbered.get(&request.1).copied().unwrap_or(NO_REQUEST);
-        };
-        for run in &mut self.batch.runs {
-            renumber(&mut run.request);
-        }
-        for group in &mut self.ready {
-            renumber(&mut group.request);
-        }
-        self.keys.forget_request_marks();
-    }
-
-    /// Starts request serials at `serial`, to test their wrap-around.
-    #[cfg(test)]
-    fn set_next_serial(&mut self, serial: u32) {
-        self.requests.set_next_serial(serial);
-    }
-
     /// Starts probe generations at `generation` (modulo 2^56, their width),
     /// to test their wrap-around: a ledger that has handed out no probe yet
     /// behaves the same from any starting generation. Does nothing once a
@@ -543,7 +349,7 @@ impl Ledger {
     pub fn start_generations_at(&mut self, generation: u64) {
         if self.is_empty() {
             self.next_generation = generation & table::GENERATION_MASK;
-            self.batch_generation = self.next_generation;
+            self.batch.start_at(self.next_generation);
         }
     }
 
@@ -569,230 +375,13 @@ impl Ledger {
         }
     }
 
-    /// `flush`, starting each run's call directly while `start` is given,
-    /// no group waits and the limits allow (see `flush_and_start`).
-    fn flush_runs(&mut self, now: Instant, mut start: Option<&mut Vec<TierCall>>) {
-        self.counters.settle();
-        if self.batch.is_empty() {
-            return;
-        }
-        let step = self.steps.next();
-        let flushed_at = ticks(self.epoch, now) + 1;
-        let queue_deadline = ticks(self.epoch, now + self.call_timeout);
-        let mut new_groups = 0usize;
-        let mut step_started = false;
-        let max = self.max_keys_per_call;
-        let (runs, interleaved) = self.batch.take();
-        // Every probe of the batch is now flushed: those of runs started
-        // below stay `Probing`, now in flight; the others are queued.
-        self.batch_generation = self.next_generation;
-        let dirty = std::mem::take(&mut self.batch_dirty);
-        if interleaved {
-            // A request's runs are merged into one group (see below).
-            start = None;
-        }
-        for run in runs {
-            // Started at once if `next_call` would start it right after this
-            // flush: nothing waits ahead of it, no later run of the request
-            // would join it, and the limits allow a call.
-            if let Some(calls) = start.as_deref_mut()
-                && self.ready.is_empty()
-                && run.probes.len() <= max
-                && self.may_start_call(step_started)
-            {
-                if let Some(call) = self.start_run(run, dirty, step, flushed_at, now) {
-                    step_started = true;
-                    new_groups += 1;
-                    calls.push(call);
-                }
-                continue;
-            }
-            // Queue the run's keys still waiting for this flush (a key may
-            // have been cleaned up or forced to miss since). The group keeps
-            // the probes only: its call copies the keys when it starts.
-            let mut probes = run.probes;
-            let (keys, queued_keys) = (&mut self.keys, &mut self.queued_keys);
-            probes.retain(|&probe| {
-                let Some((state, cold)) = keys.probe_both(probe) else {
-                    return false;
-                };
-                if !state.status().is(Phase::Probing) {
-                    return false;
-                }
-                state.set_phase(Phase::Queued);
-                cold.time = flushed_at;
-                *queued_keys += 1;
-                true
-            });
-            if probes.is_empty() {
-                continue;
-            }
-            // Top up the request's group still waiting in `ready`, if any
-            // (its index there: groups in `ready` have consecutive sequence
-            // numbers, and none leaves it during a flush).
-            let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            let request = self.requests.live_mut(run.request);
-            if let Some(group) = request
-                .as_ref()
-                .and_then(|r| r.queued_group)
-                .and_then(|seq| seq.checked_sub(front_seq))
-                .and_then(|idx| usize::try_from(idx).ok())
-                .and_then(|idx| self.ready.get_mut(idx))
-                .filter(|g| g.request == run.request)
-            {
-                let take = max.saturating_sub(group.probes.len()).min(probes.len());
-                if take > 0 {
-                    group.probes.extend(probes.drain(..take));
-                    self.queue_deadlines
-                        .push_back((queue_deadline, flushed_at, group.seq));
-                }
-            }
-            // The rest in new groups of at most `max_keys_per_call` keys; the
-            // first reuses the run's vector.
-            let mut last_seq = None;
-            while !probes.is_empty() {
-                let rest = if probes.len() > max {
-                    probes.split_off(max)
-                } else {
-                    Vec::new()
-                };
-                let seq = self.next_group_seq;
-                self.next_group_seq += 1;
-                last_seq = Some(seq);
-                self.queue_deadlines
-                    .push_back((queue_deadline, flushed_at, seq));
-                self.ready.push_back(Group {
-                    seq,
-                    step,
-                    request: run.request,
-                    ctx: run.ctx.clone(),
-                    probes,
-                });
-                new_groups += 1;
-                probes = rest;
-            }
-            if let (Some(seq), Some(request)) = (last_seq, request) {
-                request.queued_group = Some(seq);
-            }
-        }
-        self.steps.open(new_groups, step_started);
-    }
-
-    /// Starts the call of one flushed run, handing its probes and keys over
-    /// as they are: its keys stay `Probing`, now in flight, with no pass
-    /// over them. When the batch is `dirty` the keys still waiting for this
-    /// flush are picked out first (the others were cleaned up or forced to
-    /// miss since their lookup). `None` if none is left.
-    fn start_run(
-        &mut self,
-        run: batch::BatchRun,
-        dirty: bool,
-        step: u64,
-        flushed_at: u64,
-        now: Instant,
-    ) -> Option<TierCall> {
-        let (mut probes, mut keys) = (run.probes, run.keys);
-        if dirty {
-            self.drop_stale(&mut probes, &mut keys);
-            if probes.is_empty() {
-                self.batch.recycle(probes);
-                return None;
-            }
-        }
-        if let Some(request) = self.requests.live_mut(run.request) {
-            // Nothing waits in `ready`: a recorded group is gone.
-            request.queued_group = None;
-        }
-        // The seq a queued group would have taken, so that later groups
-        // are numbered as if this run had been queued and started.
-        self.next_group_seq += 1;
-        Some(self.register_call(step, probes, keys, run.ctx, now, flushed_at))
-    }
-
-    /// Keeps the probes (and their keys, in the parallel list) whose key is
-    /// still in phase `Probing` under the probe's generation.
-    #[cold]
-    fn drop_stale(&mut self, probes: &mut Vec<Probe>, keys: &mut Vec<OffloadKey>) {
-        let mut kept = 0;
-        for i in 0..probes.len() {
-            let probe = probes[i];
-            if self
-                .keys
-                .probe_both(probe)
-                .is_some_and(|(state, _)| state.status().is(Phase::Probing))
-            {
-                probes[kept] = probe;
-                keys.swap(kept, i);
-                kept += 1;
-            }
-        }
-        probes.truncate(kept);
-        keys.truncate(kept);
-    }
-
-    /// Moves each key of a queued group's `probes` still queued to in
-    /// flight and copies it into the call's key list, in one pass; `probes`
-    /// keeps those keys only. `None` if none was left.
-    fn move_in_flight(&mut self, probes: &mut Vec<Probe>) -> Option<Vec<OffloadKey>> {
-        let mut keys = Vec::with_capacity(probes.len());
-        let mut kept = 0;
-        for i in 0..probes.len() {
-            let probe = probes[i];
-            if let Some((state, _)) = self.keys.probe_both(probe)
-                && state.status().is(Phase::Queued)
-            {
-                state.set_phase(Phase::Probing);
-                keys.push(state.key.clone());
-                probes[kept] = probe;
-                kept += 1;
-            }
-        }
-        probes.truncate(kept);
-        (kept > 0).then_some(keys)
-    }
-
-    /// Whether the limits allow one more call, of a step that has
-    /// (`step_started`) or has not started a call yet.
-    #[inline]
-    fn may_start_call(&self, step_started: bool) -> bool {
-        self.calls.has_room() && self.steps.admits(step_started)
-    }
-
-    /// Records a call about to be handed out, running from `now`, whose
-    /// keys were flushed at `flushed_at` (0: each at its own, see
-    /// `OutstandingCall`).
-    fn register_call(
-        &mut self,
-        step: u64,
-        probes: Vec<Probe>,
-        keys: Vec<OffloadKey>,
-        ctx: ReqContext,
-        now: Instant,
-        flushed_at: u64,
-    ) -> TierCall {
-        let call = OutstandingCall {
-            step,
-            probes,
-            flushed_at,
-        };
-        let (id, deadline) = self.calls.hand_out(call, now);
-        self.counters.calls_started += 1;
-        TierCall {
-            id,
-            keys,
-            ctx,
-            deadline,
-        }
-    }
-
     /// The next tier call to start, if the limits allow one: at most
     /// `max_calls_in_flight` calls and `max_steps_in_flight` steps at once.
     /// The call's keys move to in-flight; its deadline starts `now`.
     pub fn next_call(&mut self, now: Instant) -> Option<TierCall> {
         loop {
             let group = self.ready.front()?;
-            let step_started = self.steps.is_started(group.step);
-            if !self.may_start_call(step_started) {
+            if !self.may_start_call(self.steps.is_started(group.step)) {
                 return None;
             }
             let group = self.ready.pop_front()?;
@@ -803,8 +392,6 @@ impl Ledger {
             {
                 request.queued_group = None;
             }
-            self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
-
             // Keys still queued move to in flight, and their keys are copied
             // into the call's list in the same pass.
             let mut probes = group.probes;
@@ -814,7 +401,7 @@ impl Ledger {
                 continue;
             };
             self.steps.start(group.step);
-            return Some(self.register_call(group.step, probes, keys, group.ctx, now, 0));
+            return Some(self.hand_out(group.step, probes, keys, group.ctx, now, 0));
         }
     }
 
@@ -828,93 +415,16 @@ impl Ledger {
         self.counters.call_finished(elapsed);
         self.steps.finish_group(call.step);
         let now_ticks = ticks(self.epoch, now);
-
-        let failure = match outcome {
+        match outcome {
             CallOutcome::Answered(found) if found.len() == call.probes.len() => {
-                let mut first_verdicts = 0;
-                for (&probe, present) in call.probes.iter().zip(found) {
-                    let timed = self.resolve(probe, KeyResult::Answer(present), call.flushed_at);
-                    self.time_first_verdict(timed, call.flushed_at, now_ticks, &mut first_verdicts);
-                }
-                self.counters
-                    .record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
-                self.batch.recycle(call.probes);
-                return;
+                self.apply_answers(&call, found, now_ticks);
             }
-            CallOutcome::Answered(found) => {
-                tracing::warn!(
-                    tier = %self.tier,
-                    keys = call.probes.len(),
-                    results = found.len(),
-                    "tier answered with the wrong number of results; resolving its keys as errors"
-                );
-                self.counters.note_failure(|| {
-                    format!(
-                        "answered {} results for {} keys",
-                        found.len(),
-                        call.probes.len()
-                    )
-                });
-                TierErrorKind::WrongResultCount
+            failed => {
+                let kind = self.note_failure(failed, call.probes.len());
+                self.apply_failure(&call, kind, now, now_ticks);
             }
-            CallOutcome::Failed(err) => {
-                tracing::warn!(tier = %self.tier, keys = call.probes.len(), error = %err, "tier call failed");
-                self.counters.note_failure(|| crate::error::one_line(&err));
-                err.kind()
-            }
-            CallOutcome::TimedOut => {
-                tracing::warn!(
-                    tier = %self.tier,
-                    keys = call.probes.len(),
-                    timeout_ms = self.call_timeout.as_millis() as u64,
-                    "tier call exceeded its deadline"
-                );
-                self.counters.note_failure(|| {
-                    format!(
-                        "no answer within the call deadline ({} ms)",
-                        self.call_timeout.as_millis()
-                    )
-                });
-                TierErrorKind::Timeout
-            }
-        };
-        let timed_out = failure == TierErrorKind::Timeout;
-        let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        let mut first_verdicts = 0;
-        for &probe in &call.probes {
-            let result = KeyResult::Failed { retry_at };
-            let Some(timed) = self.resolve(probe, result, call.flushed_at) else {
-                continue;
-            };
-            if timed_out {
-                self.counters.timeouts += 1;
-            } else {
-                self.counters.errors += 1;
-            }
-            self.time_first_verdict(Some(timed), call.flushed_at, now_ticks, &mut first_verdicts);
         }
-        self.counters
-            .record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
         self.batch.recycle(call.probes);
-    }
-
-    /// Notes a first verdict that `resolve` says to time (`timed`, the
-    /// key's flush time): counted in `count` when it is the call's own
-    /// flush time `call_flushed_at` (recorded at once, after the loop),
-    /// recorded now when the key has a flush time of its own.
-    #[inline(always)]
-    fn time_first_verdict(
-        &mut self,
-        timed: Option<u64>,
-        call_flushed_at: u64,
-        now_ticks: u64,
-        count: &mut u64,
-    ) {
-        match timed {
-            Some(0) | None => {}
-            Some(_) if call_flushed_at != 0 => *count += 1,
-            Some(flushed_at) => self.counters.record_verdict_times(flushed_at, now_ticks, 1),
-        }
     }
 
     /// Gives back the key list of a finished call, for a later call to
@@ -923,50 +433,6 @@ impl Ledger {
     #[inline]
     pub fn reuse_keys(&mut self, keys: Vec<OffloadKey>) {
         self.batch.recycle_keys(keys);
-    }
-
-    /// Applies one key's result from a call whose keys were flushed at
-    /// `call_flushed_at` (0: each at its own). `None` if it was not applied
-    /// (a stale answer); else the flush time (ticks plus one) to time the
-    /// key's first verdict from, or 0 when the result is not a first verdict
-    /// a request waits for (a re-check of a failed probe, whose requests had
-    /// a miss already, or a key nobody refers to any more). Inlined at each
-    /// call site, where the kind of `result` is known: a tier's answer takes
-    /// no branch on whether the key is present.
-    #[inline(always)]
-    fn resolve(&mut self, probe: Probe, result: KeyResult, call_flushed_at: u64) -> Option<u64> {
-        let Some((state, cold)) = self.keys.probe_both(probe) else {
-            self.counters.stale_results_dropped += 1;
-            return None;
-        };
-        let status = state.status();
-        if !status.is(Phase::Probing) {
-            // Forgotten, re-probed, or forced to miss while in flight:
-            // mark_miss wins.
-            self.counters.stale_results_dropped += 1;
-            return None;
-        }
-        if let KeyResult::Answer(present) = result {
-            self.counters.hits += u64::from(present);
-            self.counters.misses += u64::from(!present);
-        }
-        if status.orphan() {
-            // Retained only for this answer; nobody is asking any more.
-            self.keys.remove(probe.0);
-            return Some(0);
-        }
-        let timed = if status.revalidating() {
-            0
-        } else if call_flushed_at != 0 {
-            call_flushed_at
-        } else {
-            cold.time
-        };
-        match result {
-            KeyResult::Answer(present) => state.set_answer(present),
-            KeyResult::Failed { retry_at } => self.keys.set_failed(probe.0, retry_at),
-        }
-        Some(timed)
     }
 
     /// Resolves as timeouts every call whose deadline is `now` or earlier
@@ -979,47 +445,8 @@ impl Ledger {
         while let Some(id) = self.calls.next_expired(now) {
             self.complete(id, CallOutcome::TimedOut, self.call_timeout, now);
         }
-        // Keys flushed a whole call timeout ago and still waiting for a call.
-        let now_ticks = ticks(self.epoch, now);
-        let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        while let Some(&(deadline, flushed_at, seq)) = self.queue_deadlines.front() {
-            // The group, if it still waits in `ready` (groups there have
-            // consecutive sequence numbers).
-            let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            let group = seq
-                .checked_sub(front_seq)
-                .and_then(|idx| usize::try_from(idx).ok())
-                .and_then(|idx| self.ready.get(idx))
-                .filter(|g| g.seq == seq);
-            if group.is_some() && deadline > now_ticks {
-                break;
-            }
-            // Expired, or stale (the group started): either way the entry
-            // goes, which keeps the queue as short as the groups waiting.
-            self.queue_deadlines.pop_front();
-            let Some(group) = group else {
-                continue;
-            };
-            let mut first_verdicts = 0;
-            for &probe in &group.probes {
-                // Still queued since this flush (a key queued by a later
-                // flush, topping up the group, has an entry of its own).
-                let Some((state, cold)) = self.keys.probe_both(probe) else {
-                    continue;
-                };
-                if state.status().is(Phase::Queued) && cold.time == flushed_at {
-                    first_verdicts += u64::from(!state.status().revalidating());
-                    self.keys.set_failed(probe.0, retry_at);
-                    self.counters.timeouts += 1;
-                }
-            }
-            self.counters
-                .record_verdict_times(flushed_at, now_ticks, first_verdicts);
-        }
-        if self.queue_deadlines.capacity() > 4 * self.queue_deadlines.len().max(1024) {
-            self.queue_deadlines
-                .shrink_to(2 * self.queue_deadlines.len().max(1024));
-        }
+        self.expire_queued(now);
+        self.ready.shrink();
         self.calls.compact();
     }
 
@@ -1044,15 +471,13 @@ impl Ledger {
             self.counters.forced_misses += 1;
             debug_assert_eq!(state.status().orphan(), cold.refs == 0);
             if state.status().orphan() {
-                // Kept only for a running probe's answer, which no longer
-                // matters: forget it (a late answer is then dropped).
+                // Kept only for a running probe's answer, which does not
+                // matter any more: forget it (a late answer is then dropped).
                 self.keys.remove(slot);
             } else {
-                if state.status().is(Phase::Probing)
-                    && !generation_before(state.generation(), self.batch_generation)
-                {
+                if state.status().is(Phase::Probing) && self.batch.holds(state.generation()) {
                     // Its probe in the flush batch is stale now.
-                    self.batch_dirty = true;
+                    self.batch.dirty = true;
                 }
                 state.set_phase(Phase::ForcedMiss);
             }
@@ -1066,35 +491,33 @@ impl Ledger {
         let Some(entry) = self.requests.remove(req_id) else {
             return;
         };
-        let batch_generation = self.batch_generation;
-        let mut dirty = false;
-        let mut release = |keys: &mut KeyTable, slot: Slot| {
-            if let Some((state, cold)) = keys.get_both(slot) {
-                cold.refs = cold.refs.saturating_sub(1);
-                if cold.refs > 0 {
+        let batch = &mut self.batch;
+        let mut release = |keys: &mut KeyTable, slot| {
+            let Some((state, cold)) = keys.get_both(slot) else {
+                return;
+            };
+            cold.refs = cold.refs.saturating_sub(1);
+            if cold.refs > 0 {
+                return;
+            }
+            if state.status().is(Phase::Probing) {
+                if !batch.holds(state.generation()) {
+                    // In flight: kept for its answer, which forgets it.
+                    state.set_orphan(true);
                     return;
                 }
-                if state.status().is(Phase::Probing) {
-                    if generation_before(state.generation(), batch_generation) {
-                        // In flight: kept for its answer, which forgets it.
-                        state.set_orphan(true);
-                        return;
-                    }
-                    // Its probe in the flush batch is stale now.
-                    dirty = true;
-                }
-                keys.remove(slot);
+                // Its probe in the flush batch is stale now.
+                batch.dirty = true;
             }
+            keys.remove(slot);
         };
         for &slot in entry.created.iter().chain(&entry.shared.slots) {
             release(&mut self.keys, slot);
         }
-        self.batch_dirty |= dirty;
         self.requests.recycle(entry);
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
-            self.batch.take();
-            self.batch_dirty = false;
+            self.batch.clear();
         }
     }
 
@@ -1119,7 +542,7 @@ impl Ledger {
     /// Whether any key waits for a flush or a call slot, or any call runs
     /// (cheap, unlike [`stats`](Self::stats)).
     pub fn has_pending_calls(&self) -> bool {
-        !self.calls.is_empty() || self.queued_keys > 0 || !self.batch.is_empty()
+        !self.calls.is_empty() || self.ready.keys > 0 || !self.batch.is_empty()
     }
 
     /// Number of tier calls running.
@@ -1142,7 +565,7 @@ impl Ledger {
         self.counters.view(Gauges {
             calls_in_flight: self.calls.len(),
             tracked_keys: self.keys.len(),
-            queued_keys: self.queued_keys + self.batch.len,
+            queued_keys: self.ready.keys + self.batch.len,
         })
     }
 
@@ -1152,7 +575,7 @@ impl Ledger {
             tier: self.tier.to_string(),
             tracked_keys: self.keys.len(),
             in_flight_keys: self.calls.keys(),
-            queued_keys: self.queued_keys + self.batch.len,
+            queued_keys: self.ready.keys + self.batch.len,
             tracked_requests: self.requests.len(),
             ..self.counters.stats()
         }
