@@ -468,7 +468,7 @@ impl<T: Tier> AsyncLookupManager<T> {
             elapsed: started.elapsed(),
         };
         self.shutdown = Some(report);
-        // Raised for good (apply_results no longer lowers it): every lookup
+        // Raised for good (apply_results leaves it raised once shut down): every lookup
         // takes the slow path, which refuses it.
         self.ready.store(true, Ordering::Release);
         report

@@ -211,7 +211,7 @@ fn a_sharer_asking_in_its_usual_order_takes_one_reference() {
         .map(ReqContext::new)
         .collect();
     // Four requests share every key and ask in turns, in the same order
-    // each round (w2's shape): the sharers find their keys at their
+    // each round, as waiting requests do: the sharers find their keys at their
     // cursors (the front again when a round starts) and take no
     // reference twice.
     for round in 0..6 {
