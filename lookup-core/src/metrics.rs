@@ -17,9 +17,10 @@
 //! | `kvtier_forced_misses_total` | counter | keys forced to miss by `mark_miss` |
 //! | `kvtier_stale_results_dropped_total` | counter | results dropped because their key changed meanwhile |
 //! | `kvtier_late_answers_dropped_total` | counter | answers that arrived after their call's deadline |
-//! | `kvtier_tier_calls_started_total` | counter | tier calls started |
+//! | `kvtier_tier_calls_started_total` | counter | tier calls started (handed to the worker, which runs each when a call slot is free) |
 //! | `kvtier_tier_calls_finished_total` | counter | tier calls finished (answered, failed or timed out) |
-//! | `kvtier_calls_in_flight` | gauge | tier calls running now |
+//! | `kvtier_calls_in_flight` | gauge | tier calls running now (each holds one of the `max_calls_in_flight` call slots) |
+//! | `kvtier_calls_waiting` | gauge | tier calls handed to the worker and waiting for a free call slot now |
 //! | `kvtier_tracked_keys` | gauge | keys with state in the manager now |
 //! | `kvtier_queued_keys` | gauge | keys waiting for a flush or a call slot now |
 //! | `kvtier_time_to_verdict_seconds` | histogram | from the flush that submitted a key to its first verdict being available (the tier's answer applied) |
@@ -68,8 +69,10 @@ pub const LATE_ANSWERS_DROPPED: &str = "kvtier_late_answers_dropped_total";
 pub const CALLS_STARTED: &str = "kvtier_tier_calls_started_total";
 /// Counter: tier calls finished (answered, failed or timed out).
 pub const CALLS_FINISHED: &str = "kvtier_tier_calls_finished_total";
-/// Gauge: tier calls running now.
+/// Gauge: tier calls running now (each holds one of the `max_calls_in_flight` call slots).
 pub const CALLS_IN_FLIGHT: &str = "kvtier_calls_in_flight";
+/// Gauge: tier calls handed to the worker and waiting for a free call slot now.
+pub const CALLS_WAITING: &str = "kvtier_calls_waiting";
 /// Gauge: keys with state in the manager now.
 pub const TRACKED_KEYS: &str = "kvtier_tracked_keys";
 /// Gauge: keys waiting for a flush or a call slot now.
@@ -109,7 +112,10 @@ const COUNTERS: [(&str, &str); 11] = [
         LATE_ANSWERS_DROPPED,
         "Tier answers that arrived after their call's deadline.",
     ),
-    (CALLS_STARTED, "Tier calls started."),
+    (
+        CALLS_STARTED,
+        "Tier calls started (handed to the worker, which runs each when a call slot is free).",
+    ),
     (
         CALLS_FINISHED,
         "Tier calls finished (answered, failed or timed out).",
@@ -135,6 +141,7 @@ pub(crate) struct LedgerView<'a> {
     pub(crate) calls_started: u64,
     pub(crate) calls_finished: u64,
     pub(crate) calls_in_flight: usize,
+    pub(crate) calls_waiting: usize,
     pub(crate) tracked_keys: usize,
     pub(crate) queued_keys: usize,
     pub(crate) time_to_verdict: &'a LatencyHistogram,
@@ -166,6 +173,7 @@ pub(crate) struct TierMetrics {
     /// Each counter's handle and the value published so far.
     counters: [(Counter, u64); COUNTERS.len()],
     calls_in_flight: Gauge,
+    calls_waiting: Gauge,
     tracked_keys: Gauge,
     queued_keys: Gauge,
     keys_per_call: Histogram,
@@ -183,7 +191,16 @@ impl TierMetrics {
             ::metrics::describe_counter!(name, Unit::Count, help);
             (::metrics::counter!(name, &label()), 0)
         });
-        ::metrics::describe_gauge!(CALLS_IN_FLIGHT, Unit::Count, "Tier calls running now.");
+        ::metrics::describe_gauge!(
+            CALLS_IN_FLIGHT,
+            Unit::Count,
+            "Tier calls running now (each holds one of the max_calls_in_flight call slots)."
+        );
+        ::metrics::describe_gauge!(
+            CALLS_WAITING,
+            Unit::Count,
+            "Tier calls handed to the worker and waiting for a free call slot now."
+        );
         ::metrics::describe_gauge!(
             TRACKED_KEYS,
             Unit::Count,
@@ -212,6 +229,7 @@ impl TierMetrics {
         Self {
             counters,
             calls_in_flight: ::metrics::gauge!(CALLS_IN_FLIGHT, &label()),
+            calls_waiting: ::metrics::gauge!(CALLS_WAITING, &label()),
             tracked_keys: ::metrics::gauge!(TRACKED_KEYS, &label()),
             queued_keys: ::metrics::gauge!(QUEUED_KEYS, &label()),
             keys_per_call: ::metrics::histogram!(KEYS_PER_CALL, &label()),
@@ -239,6 +257,7 @@ impl TierMetrics {
             }
         }
         self.calls_in_flight.set(view.calls_in_flight as f64);
+        self.calls_waiting.set(view.calls_waiting as f64);
         self.tracked_keys.set(view.tracked_keys as f64);
         self.queued_keys.set(view.queued_keys as f64);
         if self.next_histogram_export.is_none_or(|at| now >= at) {

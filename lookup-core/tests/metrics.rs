@@ -1,6 +1,7 @@
 //! The manager's metrics through the `metrics` facade equal its `stats()`:
 //! counters once published (at flush, at drain and at shutdown), and one
-//! histogram sample per tier call and per first verdict. A recorder local
+//! histogram sample per tier call and per first verdict, and gauges that
+//! count what runs. A recorder local
 //! to the test thread collects what the manager publishes; the tier runs on
 //! the real worker. No test asserts a speed; time limits only stop a broken
 //! build from hanging.
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvtier_core::testkit::{FaultConfig, FaultTier};
 use kvtier_core::{
     AsyncLookupManager, LookupVerdict, ManagerConfig, ManagerStats, OffloadKey, ReqContext, Tier,
     TierError, TierErrorKind, metrics as names,
@@ -226,4 +228,88 @@ fn a_manager_built_without_a_recorder_publishes_nothing_and_works() {
     resolve(&mut m, &[key(2), key(3)], &ctx);
     assert_eq!(m.stats().hits, 1);
     m.shutdown();
+}
+
+/// Waits until `cond` holds.
+fn wait_until(mut cond: impl FnMut() -> bool, what: &str) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < GUARD, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A tier whose every call hangs until it is cancelled.
+fn hanging_tier() -> Arc<FaultTier> {
+    Arc::new(FaultTier::new(FaultConfig {
+        hang_probability: 1.0,
+        record_calls: false,
+        ..FaultConfig::default()
+    }))
+}
+
+/// A manager of `tier` named `name` running at most `calls` calls at once,
+/// whose calls never time out during a test, built with `recorder`.
+fn hung_manager(
+    recorder: &Collect,
+    tier: &Arc<FaultTier>,
+    name: &str,
+    calls: usize,
+) -> AsyncLookupManager<FaultTier> {
+    metrics::with_local_recorder(recorder, || {
+        AsyncLookupManager::from_arc(
+            Arc::clone(tier),
+            ManagerConfig {
+                max_calls_in_flight: calls,
+                call_timeout_ms: 600_000,
+                shutdown_timeout_ms: 200,
+                ..ManagerConfig::named(name)
+            },
+        )
+        .expect("manager starts")
+    })
+}
+
+/// Looks up one key for each of `requests` requests and flushes.
+fn one_call_per_request(m: &mut AsyncLookupManager<FaultTier>, requests: u8) {
+    for r in 0..requests {
+        let ctx = ReqContext::new(format!("r{r}"));
+        assert_eq!(m.lookup(&key(r), &ctx), Ok(LookupVerdict::Pending));
+    }
+    m.flush();
+}
+
+#[test]
+fn calls_in_flight_counts_the_calls_running_on_the_tier() {
+    let recorder = Collect::default();
+    let tier = hanging_tier();
+    let mut m = hung_manager(&recorder, &tier, "two-slots", 2);
+    // Six requests of one key each: two calls run, two wait at the worker
+    // for a call slot, and two groups wait in the manager for room.
+    one_call_per_request(&mut m, 6);
+    wait_until(|| tier.in_flight() == 2, "two calls to run");
+    m.drain_results();
+    let stats = m.stats();
+    let gauge = |name| recorder.gauge(name, "two-slots");
+    assert_eq!(gauge(names::CALLS_IN_FLIGHT), 2.0, "{stats:?}");
+    assert_eq!(stats.calls_in_flight, tier.in_flight());
+    assert_eq!(gauge(names::CALLS_WAITING), 2.0, "{stats:?}");
+    assert_eq!(stats.calls_waiting, 2);
+    assert_eq!(
+        (stats.calls_started, stats.queued_keys),
+        (4, 2),
+        "{stats:?}"
+    );
+
+    let report = m.shutdown();
+    assert_eq!(
+        (report.abandoned_calls, report.unstarted_calls),
+        (2, 2),
+        "{report:?}"
+    );
+    let stats = m.stats();
+    assert_eq!((stats.calls_in_flight, stats.calls_waiting), (0, 0));
+    assert_eq!(gauge(names::CALLS_IN_FLIGHT), 0.0);
+    assert_eq!(gauge(names::CALLS_WAITING), 0.0);
+    recorder.assert_counters_equal(&stats);
 }

@@ -99,6 +99,7 @@ impl Counters {
             calls_started: self.calls_started,
             calls_finished: self.calls_finished,
             calls_in_flight: gauges.calls_in_flight,
+            calls_waiting: gauges.calls_waiting,
             tracked_keys: gauges.tracked_keys,
             queued_keys: gauges.queued_keys,
             time_to_verdict: &self.time_to_verdict,
@@ -133,6 +134,7 @@ impl Counters {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Gauges {
     pub(super) calls_in_flight: usize,
+    pub(super) calls_waiting: usize,
     pub(super) tracked_keys: usize,
     pub(super) queued_keys: usize,
 }

@@ -19,6 +19,15 @@
 //! is a flush followed by every `next_call` at the same instant, in less
 //! work: what the manager runs at each step.
 //!
+//! A call is outstanding from the moment the ledger hands it out until its
+//! outcome is completed, and at most `max_calls_in_flight` calls are
+//! outstanding at once: for a transport that starts every call it is
+//! handed, the calls running on the tier. A transport that queues calls
+//! before it runs them (as the manager's worker does, so the next call is
+//! at hand when one ends) raises the bound with
+//! [`with_max_outstanding_calls`](Ledger::with_max_outstanding_calls) and
+//! bounds what runs itself.
+//!
 //! ```
 //! use std::time::{Duration, Instant};
 //! use kvtier_core::ledger::{CallOutcome, LazyNow, Ledger};
@@ -257,6 +266,16 @@ impl Ledger {
         }
     }
 
+    /// This ledger with up to `max` calls outstanding at once (handed out,
+    /// not yet completed) instead of `max_calls_in_flight`: for a transport
+    /// that runs at most `max_calls_in_flight` of the calls it is handed and
+    /// queues the others (see the [module docs](self)).
+    #[must_use]
+    pub fn with_max_outstanding_calls(mut self, max: usize) -> Self {
+        self.calls.set_max(max);
+        self
+    }
+
     /// The tier's name.
     pub fn tier_name(&self) -> &str {
         &self.tier
@@ -376,7 +395,9 @@ impl Ledger {
     }
 
     /// The next tier call to start, if the limits allow one: at most
-    /// `max_calls_in_flight` calls and `max_steps_in_flight` steps at once.
+    /// `max_calls_in_flight` calls outstanding (or the bound set by
+    /// [`with_max_outstanding_calls`](Self::with_max_outstanding_calls)) and
+    /// `max_steps_in_flight` steps with calls at once.
     /// The call's keys move to in-flight; its deadline starts `now`.
     pub fn next_call(&mut self, now: Instant) -> Option<TierCall> {
         loop {
@@ -450,7 +471,7 @@ impl Ledger {
         self.calls.compact();
     }
 
-    /// The earliest deadline of a running call.
+    /// The earliest deadline of an outstanding call.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.calls.next_deadline()
     }
@@ -521,7 +542,7 @@ impl Ledger {
         }
     }
 
-    /// Resolves every running call as failed, for shutdown: their keys
+    /// Resolves every outstanding call as failed, for shutdown: their keys
     /// answer miss (counted as errors).
     pub fn abandon_running(&mut self, now: Instant) {
         for id in self.calls.ids() {
@@ -539,18 +560,25 @@ impl Ledger {
         self.counters.settle();
     }
 
-    /// Whether any key waits for a flush or a call slot, or any call runs
-    /// (cheap, unlike [`stats`](Self::stats)).
+    /// Whether any key waits for a flush or a call slot, or any call is
+    /// outstanding (cheap, unlike [`stats`](Self::stats)).
     pub fn has_pending_calls(&self) -> bool {
         !self.calls.is_empty() || self.ready.keys > 0 || !self.batch.is_empty()
     }
 
-    /// Number of tier calls running.
-    pub fn running_calls(&self) -> usize {
+    /// Number of tier calls outstanding: handed out, not yet completed.
+    pub fn outstanding_calls(&self) -> usize {
         self.calls.len()
     }
 
-    /// Whether the ledger holds no key, request, queued group or running call.
+    /// Number of tier calls outstanding.
+    #[deprecated(note = "renamed `outstanding_calls`: a transport may not run every call it holds")]
+    pub fn running_calls(&self) -> usize {
+        self.outstanding_calls()
+    }
+
+    /// Whether the ledger holds no key, request, queued group or
+    /// outstanding call.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
             && self.requests.is_empty()
@@ -564,15 +592,19 @@ impl Ledger {
     pub(crate) fn metrics_view(&self) -> crate::metrics::LedgerView<'_> {
         self.counters.view(Gauges {
             calls_in_flight: self.calls.len(),
+            calls_waiting: 0,
             tracked_keys: self.keys.len(),
             queued_keys: self.ready.keys + self.batch.len,
         })
     }
 
-    /// A snapshot of the counters and histograms.
+    /// A snapshot of the counters and histograms. The ledger counts every
+    /// outstanding call in `calls_in_flight` (it cannot tell one running
+    /// from one its transport queued) and none in `calls_waiting`.
     pub fn stats(&self) -> ManagerStats {
         ManagerStats {
             tier: self.tier.to_string(),
+            calls_in_flight: self.calls.len(),
             tracked_keys: self.keys.len(),
             in_flight_keys: self.calls.keys(),
             queued_keys: self.ready.keys + self.batch.len,

@@ -48,6 +48,11 @@ impl OutstandingCalls {
         }
     }
 
+    /// Lets up to `max` calls be outstanding at once.
+    pub(super) fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+    }
+
     /// Whether one more call may be handed out.
     #[inline]
     pub(super) fn has_room(&self) -> bool {
