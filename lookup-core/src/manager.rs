@@ -52,7 +52,8 @@ use crate::worker::{self, Finished, WakeHook, WorkerHandle};
 /// Dropping the manager never blocks, inside a runtime or not: it tells the
 /// worker to abort its running calls and returns without waiting (a call
 /// that ignores cancellation ends on its own). Shut down first to give
-/// running calls their grace period.
+/// running calls their grace period. Either way its [metrics](crate::metrics)
+/// end final: its gauges at 0, every call it started counted as finished.
 pub struct AsyncLookupManager<T: Tier> {
     ledger: Ledger,
     tier: Arc<T>,
@@ -66,6 +67,8 @@ pub struct AsyncLookupManager<T: Tier> {
     shutdown_timeout: Duration,
     shutdown: Option<ShutdownReport>,
     metrics: TierMetrics,
+    /// The `manager` label of its metrics.
+    id: u64,
 }
 
 /// What [`AsyncLookupManager::shutdown`] or
@@ -199,8 +202,10 @@ impl<T: Tier> AsyncLookupManager<T> {
         // the next, instead of by the scheduler's next drain.
         let ledger = Ledger::new(&config, Instant::now())
             .with_max_outstanding_calls(config.max_calls_in_flight.saturating_mul(2));
+        let id = crate::metrics::next_manager_id();
         Ok(Self {
-            metrics: TierMetrics::new(&config.tier_name),
+            metrics: TierMetrics::new(&config.tier_name, id),
+            id,
             ledger,
             tier,
             worker: links.handle,
@@ -226,6 +231,13 @@ impl<T: Tier> AsyncLookupManager<T> {
     /// The tier's name from the configuration.
     pub fn tier_name(&self) -> &str {
         self.ledger.tier_name()
+    }
+
+    /// The number that tells this manager's [metrics](crate::metrics) from
+    /// those of other managers with the same tier name: the value of their
+    /// `manager` label, unique in the process, in creation order from 1.
+    pub fn manager_id(&self) -> u64 {
+        self.id
     }
 
     /// Answers whether `key` exists in the tier, for request `ctx`.
@@ -518,11 +530,18 @@ impl<T: Tier> Drop for AsyncLookupManager<T> {
     /// Never blocks: tells the worker to abort its calls and returns. A
     /// dedicated runtime stops in the background once its last user is gone.
     fn drop(&mut self) {
+        let now = Instant::now();
         if self.shutdown.is_none() {
             self.worker.abort();
-            // The last counts, so an exporter sees every lookup answered.
-            self.publish_metrics(Instant::now(), true);
+            // Its calls are abandoned: every call started counts as
+            // finished, its keys as errors.
+            self.apply_results(now);
+            self.ledger.abandon_running(now);
         }
+        // The last counts, so an exporter sees every lookup answered, then
+        // the gauges at 0: the manager tracks nothing and runs no call.
+        self.publish_metrics(now, true);
+        self.metrics.retire();
     }
 }
 

@@ -1,10 +1,22 @@
-//! Per-tier metrics through the [`metrics`] facade, so any
-//! exporter (Prometheus, StatsD, OpenTelemetry, …) can publish them.
+//! Per-manager metrics through the [`metrics`] facade, so any exporter
+//! (Prometheus, StatsD, OpenTelemetry, …) can publish them.
 //!
-//! Every manager registers the metrics below, labelled `tier` with its
-//! [`tier_name`](crate::ManagerConfig::tier_name), with whatever recorder is
-//! installed when it is built: install the exporter first (a manager built
-//! before any recorder exists publishes nothing).
+//! Every manager registers the metrics below with whatever recorder is
+//! installed when it is built (install the exporter first: a manager built
+//! before any recorder exists publishes nothing), under two labels:
+//!
+//! - `tier`: its [`tier_name`](crate::ManagerConfig::tier_name);
+//! - `manager`: a number unique among the managers of the process, in the
+//!   order they were built from 1
+//!   ([`AsyncLookupManager::manager_id`](crate::AsyncLookupManager::manager_id)),
+//!   so two managers with the same tier name (two Redis tiers, a manager
+//!   rebuilt after a shutdown) keep series of their own rather than adding
+//!   into one. Sum over `manager` for a per-tier figure.
+//!
+//! When a manager goes (dropped, with or without a shutdown first), its
+//! gauges return to 0 and its counters are final: a call it abandoned
+//! counts as finished, its keys as errors. A shut-down manager's gauges
+//! show what it still tracks until it is dropped.
 //!
 //! | name | kind | what |
 //! |---|---|---|
@@ -41,6 +53,7 @@
 //! per second, and in full at shutdown, so a counter or histogram may lag
 //! the manager by one step (or one second) between those points.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::metrics::{Counter, Gauge, Histogram, Unit};
@@ -83,8 +96,11 @@ pub const TIME_TO_VERDICT: &str = "kvtier_time_to_verdict_seconds";
 pub const TIER_CALL_DURATION: &str = "kvtier_tier_call_duration_seconds";
 /// Histogram: keys in a tier call, recorded when it starts.
 pub const KEYS_PER_CALL: &str = "kvtier_keys_per_call";
-/// The label every metric carries: the tier's name.
+/// A label every metric carries: the tier's name.
 pub const TIER_LABEL: &str = "tier";
+/// A label every metric carries: the manager's number, unique in the
+/// process (see [`AsyncLookupManager::manager_id`](crate::AsyncLookupManager::manager_id)).
+pub const MANAGER_LABEL: &str = "manager";
 
 /// The counters in the order of [`LedgerView::counts`], with their help text.
 const COUNTERS: [(&str, &str); 11] = [
@@ -121,6 +137,14 @@ const COUNTERS: [(&str, &str); 11] = [
         "Tier calls finished (answered, failed or timed out).",
     ),
 ];
+
+/// The number the next manager built gets (see [`MANAGER_LABEL`]).
+static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A number no other manager of the process has, in creation order from 1.
+pub(crate) fn next_manager_id() -> u64 {
+    NEXT_MANAGER_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 /// How often the latency histograms' new samples are published at most
 /// (walking an hdrhistogram costs microseconds; a step must not pay it).
@@ -183,10 +207,16 @@ pub(crate) struct TierMetrics {
 }
 
 impl TierMetrics {
-    /// Registers tier `tier`'s metrics with the installed recorder (none:
-    /// handles that do nothing).
-    pub(crate) fn new(tier: &str) -> Self {
-        let label = || [(TIER_LABEL, tier.to_owned())];
+    /// Registers the metrics of manager `manager` of tier `tier` with the
+    /// installed recorder (none: handles that do nothing).
+    pub(crate) fn new(tier: &str, manager: u64) -> Self {
+        let manager = manager.to_string();
+        let label = || {
+            [
+                (TIER_LABEL, tier.to_owned()),
+                (MANAGER_LABEL, manager.clone()),
+            ]
+        };
         let counters = COUNTERS.map(|(name, help)| {
             ::metrics::describe_counter!(name, Unit::Count, help);
             (::metrics::counter!(name, &label()), 0)
@@ -270,6 +300,19 @@ impl TierMetrics {
     pub(crate) fn publish_all(&mut self, view: &LedgerView<'_>, now: Instant) {
         self.next_histogram_export = None;
         self.publish(view, now);
+    }
+
+    /// Sets every gauge to 0, for a manager that goes: it tracks nothing
+    /// and runs no call any more.
+    pub(crate) fn retire(&self) {
+        for gauge in [
+            &self.calls_in_flight,
+            &self.calls_waiting,
+            &self.tracked_keys,
+            &self.queued_keys,
+        ] {
+            gauge.set(0.0);
+        }
     }
 
     fn publish_histograms(&mut self, view: &LedgerView<'_>) {
