@@ -24,12 +24,15 @@ pub fn key(id: u64) -> OffloadKey {
 }
 
 pub fn ledger(max_queued: usize) -> Ledger {
-    Ledger::new(&ManagerConfig {
-        max_queued_keys: max_queued,
-        max_calls_in_flight: 1 << 20,
-        max_steps_in_flight: 1 << 20,
-        ..ManagerConfig::named("bench")
-    })
+    Ledger::new(
+        &ManagerConfig {
+            max_queued_keys: max_queued,
+            max_calls_in_flight: 1 << 20,
+            max_steps_in_flight: 1 << 20,
+            ..ManagerConfig::named("bench")
+        },
+        Instant::now(),
+    )
 }
 
 /// Flushes and answers every call, half the keys present, then expires

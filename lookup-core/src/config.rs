@@ -32,13 +32,16 @@ pub struct ManagerConfig {
     /// How long a key whose probe failed or timed out keeps answering miss
     /// before a lookup probes it again, in milliseconds. Default 500.
     pub failure_backoff_ms: u64,
-    /// Tier calls running at once. Default 32.
+    /// Tier calls running at once: the worker's call slots. Default 32.
     ///
-    /// The manager hands the worker up to twice this many calls; the worker
-    /// runs at most this many and starts the next one the moment one ends,
-    /// without waiting for the scheduler's next flush or drain. A handed-over
-    /// call's deadline runs from the hand-over, so its wait for a free slot
-    /// counts against it.
+    /// The manager also hands the worker up to this many more calls, which
+    /// wait for a free slot (`calls_waiting` in the stats, the
+    /// `kvtier_calls_waiting` gauge), so the next call starts the moment one
+    /// ends, without waiting for the scheduler's next flush or drain. A
+    /// handed-over call's deadline runs from the hand-over, so its wait for a
+    /// free slot counts against it. `calls_in_flight` in the stats and the
+    /// `kvtier_calls_in_flight` gauge count the calls running, never more
+    /// than this.
     pub max_calls_in_flight: usize,
     /// Flushed steps with calls still running or waiting. A step beyond this
     /// waits (nothing blocks: its keys stay pending). Default 8.

@@ -1,4 +1,5 @@
-//! [`AsyncLookupManager`]: the scheduler's non-blocking view of one tier.
+//! [`AsyncLookupManager`]: the scheduler's non-blocking view of one tier,
+//! its ledger driven from the scheduler thread and its calls run by a worker.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,7 +11,7 @@ use crate::config::ManagerConfig;
 use crate::error::{LookupError, ManagerError, TierError, TierErrorKind};
 use crate::key::{OffloadKey, ReqContext};
 use crate::ledger::{CallOutcome, LazyNow, Ledger, LookupVerdict, PrefixVerdict, TierCall};
-use crate::metrics::TierMetrics;
+use crate::metrics::{LedgerView, TierMetrics};
 use crate::runtime::Spawner;
 use crate::stats::ManagerStats;
 use crate::tier::Tier;
@@ -51,7 +52,8 @@ use crate::worker::{self, Finished, WakeHook, WorkerHandle};
 /// Dropping the manager never blocks, inside a runtime or not: it tells the
 /// worker to abort its running calls and returns without waiting (a call
 /// that ignores cancellation ends on its own). Shut down first to give
-/// running calls their grace period.
+/// running calls their grace period. Either way its [metrics](crate::metrics)
+/// end final: its gauges at 0, every call it started counted as finished.
 pub struct AsyncLookupManager<T: Tier> {
     ledger: Ledger,
     tier: Arc<T>,
@@ -65,6 +67,8 @@ pub struct AsyncLookupManager<T: Tier> {
     shutdown_timeout: Duration,
     shutdown: Option<ShutdownReport>,
     metrics: TierMetrics,
+    /// The `manager` label of its metrics.
+    id: u64,
 }
 
 /// What [`AsyncLookupManager::shutdown`] or
@@ -73,8 +77,12 @@ pub struct AsyncLookupManager<T: Tier> {
 pub struct ShutdownReport {
     /// Whether the worker stopped within the shutdown timeout.
     pub worker_stopped: bool,
-    /// Tier calls that had not answered; their keys resolved as errors.
+    /// Tier calls cut off while running (started on the tier, not
+    /// answered within the grace period); their keys resolved as errors.
     pub abandoned_calls: usize,
+    /// Tier calls handed to the worker that had not started (waiting for a
+    /// free call slot); their keys resolved as errors too.
+    pub unstarted_calls: usize,
     /// How long shutdown took.
     pub elapsed: Duration,
 }
@@ -190,14 +198,14 @@ impl<T: Tier> AsyncLookupManager<T> {
         };
         let links = worker::spawn(Arc::clone(&tier), &config, hook, &spawner);
         // The worker runs `max_calls_in_flight` calls at once and holds as
-        // many more ready to start: a call ending is followed at once by the
-        // next, instead of by the scheduler's next drain.
-        let ledger = Ledger::new(&ManagerConfig {
-            max_calls_in_flight: config.max_calls_in_flight.saturating_mul(2),
-            ..config.clone()
-        });
+        // many more waiting for a slot: a call ending is followed at once by
+        // the next, instead of by the scheduler's next drain.
+        let ledger = Ledger::new(&config, Instant::now())
+            .with_max_outstanding_calls(config.max_calls_in_flight.saturating_mul(2));
+        let id = crate::metrics::next_manager_id();
         Ok(Self {
-            metrics: TierMetrics::new(&config.tier_name),
+            metrics: TierMetrics::new(&config.tier_name, id),
+            id,
             ledger,
             tier,
             worker: links.handle,
@@ -223,6 +231,13 @@ impl<T: Tier> AsyncLookupManager<T> {
     /// The tier's name from the configuration.
     pub fn tier_name(&self) -> &str {
         self.ledger.tier_name()
+    }
+
+    /// The number that tells this manager's [metrics](crate::metrics) from
+    /// those of other managers with the same tier name: the value of their
+    /// `manager` label, unique in the process, in creation order from 1.
+    pub fn manager_id(&self) -> u64 {
+        self.id
     }
 
     /// Answers whether `key` exists in the tier, for request `ctx`.
@@ -296,7 +311,7 @@ impl<T: Tier> AsyncLookupManager<T> {
         let mut calls = Vec::new();
         self.ledger.flush_and_start(now, &mut calls);
         self.send_calls(calls, now);
-        self.metrics.publish(&self.ledger.metrics_view(), now);
+        self.publish_metrics(now, false);
     }
 
     /// Applies every result that has arrived, expires calls past their
@@ -309,7 +324,33 @@ impl<T: Tier> AsyncLookupManager<T> {
         if self.shutdown.is_none() {
             self.start_calls(now);
         }
-        self.metrics.publish(&self.ledger.metrics_view(), now);
+        self.publish_metrics(now, false);
+    }
+
+    /// The calls running on the tier and those waiting at the worker for a
+    /// call slot: of the ledger's outstanding calls, those the worker
+    /// counts in each state.
+    fn calls_now(&self) -> (usize, usize) {
+        let outstanding = self.ledger.outstanding_calls();
+        let running = self.worker.running_calls().min(outstanding);
+        let waiting = self.worker.waiting_calls().min(outstanding - running);
+        (running, waiting)
+    }
+
+    /// Publishes the ledger's counters and gauges, with the calls counted
+    /// as the worker sees them; `all`: the histograms too, in full.
+    fn publish_metrics(&mut self, now: Instant, all: bool) {
+        let (running, waiting) = self.calls_now();
+        let view = LedgerView {
+            calls_in_flight: running,
+            calls_waiting: waiting,
+            ..self.ledger.metrics_view()
+        };
+        if all {
+            self.metrics.publish_all(&view, now);
+        } else {
+            self.metrics.publish(&view, now);
+        }
     }
 
     fn apply_results(&mut self, now: Instant) {
@@ -372,7 +413,12 @@ impl<T: Tier> AsyncLookupManager<T> {
 
     /// Counters and latency histograms.
     pub fn stats(&self) -> ManagerStats {
-        self.ledger.stats()
+        let (calls_in_flight, calls_waiting) = self.calls_now();
+        ManagerStats {
+            calls_in_flight,
+            calls_waiting,
+            ..self.ledger.stats()
+        }
     }
 
     /// Whether no key, request or call is tracked (after every request was
@@ -399,8 +445,9 @@ impl<T: Tier> AsyncLookupManager<T> {
     }
 
     /// Stops the worker: running calls get half the shutdown timeout to
-    /// answer, then are abandoned (their keys resolve as errors); results
-    /// that arrived are applied. Blocks this thread, and returns within
+    /// answer, then are abandoned, and calls waiting for a call slot are
+    /// dropped (the keys of both resolve as errors); results that arrived
+    /// are applied. Blocks this thread, and returns within
     /// `shutdown_timeout_ms` plus scheduling noise, whatever the tier does.
     /// Idempotent: later calls return the first report.
     ///
@@ -449,9 +496,10 @@ impl<T: Tier> AsyncLookupManager<T> {
         self.spawner = None;
         let now = Instant::now();
         self.apply_results(now);
-        let abandoned_calls = self.ledger.running_calls();
+        let outstanding = self.ledger.outstanding_calls();
+        let abandoned_calls = self.worker.abandoned_running_calls().min(outstanding);
         self.ledger.abandon_running(now);
-        self.metrics.publish_all(&self.ledger.metrics_view(), now);
+        self.publish_metrics(now, true);
         if !worker_stopped {
             tracing::warn!(
                 tier = %self.ledger.tier_name(),
@@ -462,10 +510,11 @@ impl<T: Tier> AsyncLookupManager<T> {
         let report = ShutdownReport {
             worker_stopped,
             abandoned_calls,
+            unstarted_calls: outstanding - abandoned_calls,
             elapsed: started.elapsed(),
         };
         self.shutdown = Some(report);
-        // Raised for good (apply_results no longer lowers it): every lookup
+        // Raised for good (apply_results leaves it raised once shut down): every lookup
         // takes the slow path, which refuses it.
         self.ready.store(true, Ordering::Release);
         report
@@ -481,12 +530,18 @@ impl<T: Tier> Drop for AsyncLookupManager<T> {
     /// Never blocks: tells the worker to abort its calls and returns. A
     /// dedicated runtime stops in the background once its last user is gone.
     fn drop(&mut self) {
+        let now = Instant::now();
         if self.shutdown.is_none() {
             self.worker.abort();
-            // The last counts, so an exporter sees every lookup answered.
-            self.metrics
-                .publish_all(&self.ledger.metrics_view(), Instant::now());
+            // Its calls are abandoned: every call started counts as
+            // finished, its keys as errors.
+            self.apply_results(now);
+            self.ledger.abandon_running(now);
         }
+        // The last counts, so an exporter sees every lookup answered, then
+        // the gauges at 0: the manager tracks nothing and runs no call.
+        self.publish_metrics(now, true);
+        self.metrics.retire();
     }
 }
 

@@ -1,10 +1,22 @@
-//! Per-tier metrics through the [`metrics`] facade, so any
-//! exporter (Prometheus, StatsD, OpenTelemetry, …) can publish them.
+//! Per-manager metrics through the [`metrics`] facade, so any exporter
+//! (Prometheus, StatsD, OpenTelemetry, …) can publish them.
 //!
-//! Every manager registers the metrics below, labelled `tier` with its
-//! [`tier_name`](crate::ManagerConfig::tier_name), with whatever recorder is
-//! installed when it is built: install the exporter first (a manager built
-//! before any recorder exists publishes nothing).
+//! Every manager registers the metrics below with whatever recorder is
+//! installed when it is built (install the exporter first: a manager built
+//! before any recorder exists publishes nothing), under two labels:
+//!
+//! - `tier`: its [`tier_name`](crate::ManagerConfig::tier_name);
+//! - `manager`: a number unique among the managers of the process, in the
+//!   order they were built from 1
+//!   ([`AsyncLookupManager::manager_id`](crate::AsyncLookupManager::manager_id)),
+//!   so two managers with the same tier name (two Redis tiers, a manager
+//!   rebuilt after a shutdown) keep series of their own rather than adding
+//!   into one. Sum over `manager` for a per-tier figure.
+//!
+//! When a manager goes (dropped, with or without a shutdown first), its
+//! gauges return to 0 and its counters are final: a call it abandoned
+//! counts as finished, its keys as errors. A shut-down manager's gauges
+//! show what it still tracks until it is dropped.
 //!
 //! | name | kind | what |
 //! |---|---|---|
@@ -17,9 +29,10 @@
 //! | `kvtier_forced_misses_total` | counter | keys forced to miss by `mark_miss` |
 //! | `kvtier_stale_results_dropped_total` | counter | results dropped because their key changed meanwhile |
 //! | `kvtier_late_answers_dropped_total` | counter | answers that arrived after their call's deadline |
-//! | `kvtier_tier_calls_started_total` | counter | tier calls started |
+//! | `kvtier_tier_calls_started_total` | counter | tier calls started (handed to the worker, which runs each when a call slot is free) |
 //! | `kvtier_tier_calls_finished_total` | counter | tier calls finished (answered, failed or timed out) |
-//! | `kvtier_calls_in_flight` | gauge | tier calls running now |
+//! | `kvtier_calls_in_flight` | gauge | tier calls running now (each holds one of the `max_calls_in_flight` call slots) |
+//! | `kvtier_calls_waiting` | gauge | tier calls handed to the worker and waiting for a free call slot now |
 //! | `kvtier_tracked_keys` | gauge | keys with state in the manager now |
 //! | `kvtier_queued_keys` | gauge | keys waiting for a flush or a call slot now |
 //! | `kvtier_time_to_verdict_seconds` | histogram | from the flush that submitted a key to its first verdict being available (the tier's answer applied) |
@@ -40,6 +53,7 @@
 //! per second, and in full at shutdown, so a counter or histogram may lag
 //! the manager by one step (or one second) between those points.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::metrics::{Counter, Gauge, Histogram, Unit};
@@ -68,8 +82,10 @@ pub const LATE_ANSWERS_DROPPED: &str = "kvtier_late_answers_dropped_total";
 pub const CALLS_STARTED: &str = "kvtier_tier_calls_started_total";
 /// Counter: tier calls finished (answered, failed or timed out).
 pub const CALLS_FINISHED: &str = "kvtier_tier_calls_finished_total";
-/// Gauge: tier calls running now.
+/// Gauge: tier calls running now (each holds one of the `max_calls_in_flight` call slots).
 pub const CALLS_IN_FLIGHT: &str = "kvtier_calls_in_flight";
+/// Gauge: tier calls handed to the worker and waiting for a free call slot now.
+pub const CALLS_WAITING: &str = "kvtier_calls_waiting";
 /// Gauge: keys with state in the manager now.
 pub const TRACKED_KEYS: &str = "kvtier_tracked_keys";
 /// Gauge: keys waiting for a flush or a call slot now.
@@ -80,8 +96,11 @@ pub const TIME_TO_VERDICT: &str = "kvtier_time_to_verdict_seconds";
 pub const TIER_CALL_DURATION: &str = "kvtier_tier_call_duration_seconds";
 /// Histogram: keys in a tier call, recorded when it starts.
 pub const KEYS_PER_CALL: &str = "kvtier_keys_per_call";
-/// The label every metric carries: the tier's name.
+/// A label every metric carries: the tier's name.
 pub const TIER_LABEL: &str = "tier";
+/// A label every metric carries: the manager's number, unique in the
+/// process (see [`AsyncLookupManager::manager_id`](crate::AsyncLookupManager::manager_id)).
+pub const MANAGER_LABEL: &str = "manager";
 
 /// The counters in the order of [`LedgerView::counts`], with their help text.
 const COUNTERS: [(&str, &str); 11] = [
@@ -109,12 +128,23 @@ const COUNTERS: [(&str, &str); 11] = [
         LATE_ANSWERS_DROPPED,
         "Tier answers that arrived after their call's deadline.",
     ),
-    (CALLS_STARTED, "Tier calls started."),
+    (
+        CALLS_STARTED,
+        "Tier calls started (handed to the worker, which runs each when a call slot is free).",
+    ),
     (
         CALLS_FINISHED,
         "Tier calls finished (answered, failed or timed out).",
     ),
 ];
+
+/// The number the next manager built gets (see [`MANAGER_LABEL`]).
+static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A number no other manager of the process has, in creation order from 1.
+pub(crate) fn next_manager_id() -> u64 {
+    NEXT_MANAGER_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 /// How often the latency histograms' new samples are published at most
 /// (walking an hdrhistogram costs microseconds; a step must not pay it).
@@ -135,6 +165,7 @@ pub(crate) struct LedgerView<'a> {
     pub(crate) calls_started: u64,
     pub(crate) calls_finished: u64,
     pub(crate) calls_in_flight: usize,
+    pub(crate) calls_waiting: usize,
     pub(crate) tracked_keys: usize,
     pub(crate) queued_keys: usize,
     pub(crate) time_to_verdict: &'a LatencyHistogram,
@@ -166,6 +197,7 @@ pub(crate) struct TierMetrics {
     /// Each counter's handle and the value published so far.
     counters: [(Counter, u64); COUNTERS.len()],
     calls_in_flight: Gauge,
+    calls_waiting: Gauge,
     tracked_keys: Gauge,
     queued_keys: Gauge,
     keys_per_call: Histogram,
@@ -175,15 +207,30 @@ pub(crate) struct TierMetrics {
 }
 
 impl TierMetrics {
-    /// Registers tier `tier`'s metrics with the installed recorder (none:
-    /// handles that do nothing).
-    pub(crate) fn new(tier: &str) -> Self {
-        let label = || [(TIER_LABEL, tier.to_owned())];
+    /// Registers the metrics of manager `manager` of tier `tier` with the
+    /// installed recorder (none: handles that do nothing).
+    pub(crate) fn new(tier: &str, manager: u64) -> Self {
+        let manager = manager.to_string();
+        let label = || {
+            [
+                (TIER_LABEL, tier.to_owned()),
+                (MANAGER_LABEL, manager.clone()),
+            ]
+        };
         let counters = COUNTERS.map(|(name, help)| {
             ::metrics::describe_counter!(name, Unit::Count, help);
             (::metrics::counter!(name, &label()), 0)
         });
-        ::metrics::describe_gauge!(CALLS_IN_FLIGHT, Unit::Count, "Tier calls running now.");
+        ::metrics::describe_gauge!(
+            CALLS_IN_FLIGHT,
+            Unit::Count,
+            "Tier calls running now (each holds one of the max_calls_in_flight call slots)."
+        );
+        ::metrics::describe_gauge!(
+            CALLS_WAITING,
+            Unit::Count,
+            "Tier calls handed to the worker and waiting for a free call slot now."
+        );
         ::metrics::describe_gauge!(
             TRACKED_KEYS,
             Unit::Count,
@@ -212,6 +259,7 @@ impl TierMetrics {
         Self {
             counters,
             calls_in_flight: ::metrics::gauge!(CALLS_IN_FLIGHT, &label()),
+            calls_waiting: ::metrics::gauge!(CALLS_WAITING, &label()),
             tracked_keys: ::metrics::gauge!(TRACKED_KEYS, &label()),
             queued_keys: ::metrics::gauge!(QUEUED_KEYS, &label()),
             keys_per_call: ::metrics::histogram!(KEYS_PER_CALL, &label()),
@@ -239,6 +287,7 @@ impl TierMetrics {
             }
         }
         self.calls_in_flight.set(view.calls_in_flight as f64);
+        self.calls_waiting.set(view.calls_waiting as f64);
         self.tracked_keys.set(view.tracked_keys as f64);
         self.queued_keys.set(view.queued_keys as f64);
         if self.next_histogram_export.is_none_or(|at| now >= at) {
@@ -251,6 +300,19 @@ impl TierMetrics {
     pub(crate) fn publish_all(&mut self, view: &LedgerView<'_>, now: Instant) {
         self.next_histogram_export = None;
         self.publish(view, now);
+    }
+
+    /// Sets every gauge to 0, for a manager that goes: it tracks nothing
+    /// and runs no call any more.
+    pub(crate) fn retire(&self) {
+        for gauge in [
+            &self.calls_in_flight,
+            &self.calls_waiting,
+            &self.tracked_keys,
+            &self.queued_keys,
+        ] {
+            gauge.set(0.0);
+        }
     }
 
     fn publish_histograms(&mut self, view: &LedgerView<'_>) {

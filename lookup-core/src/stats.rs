@@ -1,4 +1,5 @@
-//! Counters and latency histograms of a manager.
+//! What a manager reports about itself: the [`ManagerStats`] snapshot and
+//! the latency histograms behind it.
 
 use std::time::Duration;
 
@@ -50,13 +51,23 @@ pub struct ManagerStats {
     pub late_answers_dropped: u64,
     /// New keys not tracked because the backlog was full (answered pending).
     pub deferred: u64,
-    /// Tier calls started.
+    /// Tier calls started: handed to the worker, which runs each when one
+    /// of its `max_calls_in_flight` call slots is free.
     pub calls_started: u64,
     /// Tier calls finished (answered, failed or timed out).
     pub calls_finished: u64,
+    /// Tier calls running now: each holds one of the worker's
+    /// `max_calls_in_flight` call slots, started on the tier and not yet
+    /// answered.
+    pub calls_in_flight: usize,
+    /// Tier calls handed to the worker and waiting there for a free call
+    /// slot now (the manager keeps up to `max_calls_in_flight` of them, so
+    /// a call that ends is followed at once by the next).
+    pub calls_waiting: usize,
     /// Keys with state in the manager now.
     pub tracked_keys: usize,
-    /// Keys in tier calls now running.
+    /// Keys in tier calls started and not yet finished now (running, or
+    /// waiting for a call slot).
     pub in_flight_keys: usize,
     /// Keys flushed and waiting for a tier call (or looked up and not yet flushed).
     pub queued_keys: usize,

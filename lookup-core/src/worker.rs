@@ -16,7 +16,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -161,10 +161,65 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
+/// How many of the calls handed to the worker wait for a call slot and
+/// how many run, shared with the manager for its stats and gauges.
+#[derive(Debug)]
+pub(crate) struct CallCounts {
+    waiting: AtomicUsize,
+    running: AtomicUsize,
+    /// The calls running when a shutdown abandoned them; `usize::MAX`
+    /// until then.
+    abandoned: AtomicUsize,
+}
+
+impl CallCounts {
+    fn new() -> Self {
+        Self {
+            waiting: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            abandoned: AtomicUsize::new(usize::MAX),
+        }
+    }
+}
+
+/// Counts one call in [`CallCounts::waiting`] until it starts (then in
+/// `running`, see [`Started`]) or ends without starting.
+struct Waiting(Arc<CallCounts>);
+
+impl Waiting {
+    fn new(counts: &Arc<CallCounts>) -> Self {
+        counts.waiting.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(counts))
+    }
+
+    /// The call got its slot: it runs now.
+    fn start(self) -> Started {
+        self.0.running.fetch_add(1, Ordering::Relaxed);
+        Started(Arc::clone(&self.0))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts one call in [`CallCounts::running`] until its outcome is known
+/// (dropped before the outcome is published) or its task is dropped.
+struct Started(Arc<CallCounts>);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The scheduler side's handle on the worker.
 pub(crate) struct WorkerHandle {
     inbox: mpsc::UnboundedSender<Command>,
     stopped: Arc<Latch>,
+    counts: Arc<CallCounts>,
 }
 
 /// Channels the manager keeps.
@@ -195,15 +250,21 @@ pub(crate) fn spawn<T: Tier>(
     let tier_name: Arc<str> = Arc::from(cfg.tier_name.as_str());
     let slots = Arc::new(Semaphore::new(cfg.max_calls_in_flight.max(1)));
     let stopped = Arc::new(Latch::default());
+    let counts = Arc::new(CallCounts::new());
+    let task_counts = Arc::clone(&counts);
     // Moved into the task: set when the task ends, or when the runtime drops
     // it, polled or not.
     let on_exit = SetOnDrop(Arc::clone(&stopped));
     spawner.spawn(async move {
         let _on_exit = on_exit;
-        run(tier, rx, publisher, tier_name, slots).await;
+        run(tier, rx, publisher, tier_name, slots, task_counts).await;
     });
     WorkerLinks {
-        handle: WorkerHandle { inbox, stopped },
+        handle: WorkerHandle {
+            inbox,
+            stopped,
+            counts,
+        },
         results,
         ready,
         notify,
@@ -216,6 +277,7 @@ async fn run<T: Tier>(
     publisher: Publisher,
     tier_name: Arc<str>,
     slots: Arc<Semaphore>,
+    counts: Arc<CallCounts>,
 ) {
     let stopping = Arc::new(AtomicBool::new(false));
     let mut calls = JoinSet::new();
@@ -232,12 +294,14 @@ async fn run<T: Tier>(
                             sent: false,
                         };
                         let id = call.id.0;
+                        let waiting = Waiting::new(&counts);
                         calls.spawn(CURRENT_CALL.scope(id, run_call(
                             Arc::clone(&tier),
                             call,
                             Arc::clone(&tier_name),
                             Arc::clone(&slots),
                             reply,
+                            waiting,
                         )));
                     }
                 }
@@ -254,6 +318,8 @@ async fn run<T: Tier>(
                         );
                     }
                     stopping.store(true, Ordering::Release);
+                    let running = counts.running.load(Ordering::Relaxed);
+                    counts.abandoned.store(running, Ordering::Relaxed);
                     calls.abort_all();
                     return;
                 }
@@ -274,6 +340,7 @@ async fn run_call<T: Tier>(
     tier_name: Arc<str>,
     slots: Arc<Semaphore>,
     reply: Reply,
+    waiting: Waiting,
 ) {
     // A free call slot first, within the call's deadline; the slot is held
     // until the outcome is published.
@@ -284,11 +351,13 @@ async fn run_call<T: Tier>(
         // publishes an error.
         Ok(Err(_)) => return,
         Err(_) => {
+            drop(waiting);
             reply.send(CallOutcome::TimedOut, arrived.elapsed(), Vec::new());
             return;
         }
     };
-    let started = Instant::now();
+    let started = waiting.start();
+    let started_at = Instant::now();
     let n_keys = call.keys.len();
     let span = tracing::debug_span!(
         "tier_call",
@@ -336,7 +405,7 @@ async fn run_call<T: Tier>(
         // Dropping the timed-out future aborted the task.
         Err(_) => CallOutcome::TimedOut,
     };
-    let elapsed = started.elapsed();
+    let elapsed = started_at.elapsed();
     let label = match &outcome {
         CallOutcome::Answered(found) if found.len() == n_keys => "answered",
         CallOutcome::Answered(_) => "wrong_result_count",
@@ -345,6 +414,7 @@ async fn run_call<T: Tier>(
     };
     span.record("outcome", label);
     span.record("elapsed_us", elapsed.as_micros() as u64);
+    drop(started);
     reply.send(outcome, elapsed, keys);
 }
 
@@ -395,5 +465,27 @@ impl WorkerHandle {
     /// Tells the worker to abort every call, without waiting.
     pub(crate) fn abort(&self) {
         let _ = self.inbox.send(Command::Abort);
+    }
+
+    /// Calls holding one of the worker's call slots now: started on the
+    /// tier, outcome not yet known.
+    pub(crate) fn running_calls(&self) -> usize {
+        self.counts.running.load(Ordering::Relaxed)
+    }
+
+    /// Calls the worker has received and not yet started: each waits for a
+    /// free call slot.
+    pub(crate) fn waiting_calls(&self) -> usize {
+        self.counts.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The calls that were running when the worker stopped (after the
+    /// grace period, abandoning them); if it has not stopped, the calls
+    /// running now.
+    pub(crate) fn abandoned_running_calls(&self) -> usize {
+        match self.counts.abandoned.load(Ordering::Relaxed) {
+            usize::MAX => self.running_calls(),
+            running => running,
+        }
     }
 }

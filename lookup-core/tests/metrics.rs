@@ -1,15 +1,17 @@
 //! The manager's metrics through the `metrics` facade equal its `stats()`:
-//! counters once published (at flush, at drain and at shutdown), and one
-//! histogram sample per tier call and per first verdict. A recorder local
-//! to the test thread collects what the manager publishes; the tier runs on
-//! the real worker. No test asserts a speed; time limits only stop a broken
-//! build from hanging.
+//! counters once published (at flush, at drain and at shutdown), one
+//! histogram sample per tier call and per first verdict, gauges that count
+//! what runs and come back to 0 when the manager goes, and a series per
+//! manager. A recorder local to the test thread collects what the manager
+//! publishes; the tier runs on the real worker. No test asserts a speed;
+//! time limits only stop a broken build from hanging.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvtier_core::testkit::{FaultConfig, FaultTier};
 use kvtier_core::{
     AsyncLookupManager, LookupVerdict, ManagerConfig, ManagerStats, OffloadKey, ReqContext, Tier,
     TierError, TierErrorKind, metrics as names,
@@ -30,21 +32,50 @@ impl HistogramFn for Samples {
     }
 }
 
-/// Collects counters, gauges and histograms by (name, `tier` label).
+/// A series: (name, `tier` label, `manager` label).
+type Series = (String, String, String);
+
+/// Collects counters, gauges and histograms by series.
 #[derive(Default)]
 struct Collect {
-    counters: Mutex<HashMap<(String, String), Arc<AtomicU64>>>,
-    gauges: Mutex<HashMap<(String, String), Arc<AtomicU64>>>,
-    histograms: Mutex<HashMap<(String, String), Arc<Samples>>>,
+    counters: Mutex<HashMap<Series, Arc<AtomicU64>>>,
+    gauges: Mutex<HashMap<Series, Arc<AtomicU64>>>,
+    histograms: Mutex<HashMap<Series, Arc<Samples>>>,
 }
 
-fn id(key: &Key) -> (String, String) {
-    let tier = key
-        .labels()
-        .find(|l| l.key() == names::TIER_LABEL)
-        .map(|l| l.value().to_owned())
-        .unwrap_or_default();
-    (key.name().to_owned(), tier)
+fn id(key: &Key) -> Series {
+    let label = |name: &str| {
+        key.labels()
+            .find(|l| l.key() == name)
+            .map(|l| l.value().to_owned())
+            .unwrap_or_default()
+    };
+    (
+        key.name().to_owned(),
+        label(names::TIER_LABEL),
+        label(names::MANAGER_LABEL),
+    )
+}
+
+/// The one series of metric `name` and tier `tier` in `map`, or, with
+/// `manager`, of that manager.
+fn series<T: Clone>(
+    map: &Mutex<HashMap<Series, T>>,
+    name: &str,
+    tier: &str,
+    manager: Option<&str>,
+) -> T {
+    let map = map.lock().expect("not poisoned");
+    let found: Vec<&T> = map
+        .iter()
+        .filter(|((n, t, m), _)| n == name && t == tier && manager.is_none_or(|want| m == want))
+        .map(|(_, v)| v)
+        .collect();
+    match found.as_slice() {
+        [one] => (*one).clone(),
+        [] => panic!("{name} of {tier} ({manager:?}) not registered"),
+        _ => panic!("{name} of {tier}: one series per manager, name the manager"),
+    }
 }
 
 impl Recorder for Collect {
@@ -66,32 +97,42 @@ impl Recorder for Collect {
 }
 
 impl Collect {
-    fn counter(&self, name: &str, tier: &str) -> u64 {
-        let map = self.counters.lock().expect("not poisoned");
-        map.get(&(name.to_owned(), tier.to_owned()))
-            .unwrap_or_else(|| panic!("{name} of {tier} not registered"))
-            .load(Ordering::Relaxed)
+    fn counter_of(&self, name: &str, tier: &str, manager: Option<&str>) -> u64 {
+        series(&self.counters, name, tier, manager).load(Ordering::Relaxed)
     }
     fn gauge(&self, name: &str, tier: &str) -> f64 {
-        let map = self.gauges.lock().expect("not poisoned");
-        let bits = map
-            .get(&(name.to_owned(), tier.to_owned()))
-            .unwrap_or_else(|| panic!("{name} of {tier} not registered"))
-            .load(Ordering::Relaxed);
-        f64::from_bits(bits)
+        self.gauge_of(name, tier, None)
+    }
+    fn gauge_of(&self, name: &str, tier: &str, manager: Option<&str>) -> f64 {
+        f64::from_bits(series(&self.gauges, name, tier, manager).load(Ordering::Relaxed))
     }
     fn samples(&self, name: &str, tier: &str) -> Vec<f64> {
-        let map = self.histograms.lock().expect("not poisoned");
-        map.get(&(name.to_owned(), tier.to_owned()))
-            .unwrap_or_else(|| panic!("{name} of {tier} not registered"))
+        series(&self.histograms, name, tier, None)
             .0
             .lock()
             .expect("not poisoned")
             .clone()
     }
+    /// The `manager` labels of the series of counter `name` and tier `tier`.
+    fn managers(&self, name: &str, tier: &str) -> Vec<String> {
+        let map = self.counters.lock().expect("not poisoned");
+        let mut managers: Vec<String> = map
+            .keys()
+            .filter(|(n, t, _)| n == name && t == tier)
+            .map(|(_, _, m)| m.clone())
+            .collect();
+        managers.sort();
+        managers
+    }
 
     /// Every counter equals the field of the same meaning in `stats`.
     fn assert_counters_equal(&self, stats: &ManagerStats) {
+        self.assert_counters_of_equal(None, stats);
+    }
+
+    /// Every counter of manager `manager` (the only one of its tier if
+    /// `None`) equals the field of the same meaning in `stats`.
+    fn assert_counters_of_equal(&self, manager: Option<&str>, stats: &ManagerStats) {
         let tier = stats.tier.as_str();
         for (name, expected) in [
             (names::LOOKUPS, stats.lookups),
@@ -106,7 +147,11 @@ impl Collect {
             (names::CALLS_STARTED, stats.calls_started),
             (names::CALLS_FINISHED, stats.calls_finished),
         ] {
-            assert_eq!(self.counter(name, tier), expected, "{name} of {tier}");
+            assert_eq!(
+                self.counter_of(name, tier, manager),
+                expected,
+                "{name} of {tier} ({manager:?})"
+            );
         }
     }
 }
@@ -226,4 +271,182 @@ fn a_manager_built_without_a_recorder_publishes_nothing_and_works() {
     resolve(&mut m, &[key(2), key(3)], &ctx);
     assert_eq!(m.stats().hits, 1);
     m.shutdown();
+}
+
+/// Waits until `cond` holds.
+fn wait_until(mut cond: impl FnMut() -> bool, what: &str) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < GUARD, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A tier whose every call hangs until it is cancelled.
+fn hanging_tier() -> Arc<FaultTier> {
+    Arc::new(FaultTier::new(FaultConfig {
+        hang_probability: 1.0,
+        record_calls: false,
+        ..FaultConfig::default()
+    }))
+}
+
+/// A manager of `tier` named `name` running at most `calls` calls at once,
+/// whose calls never time out during a test, built with `recorder`.
+fn hung_manager(
+    recorder: &Collect,
+    tier: &Arc<FaultTier>,
+    name: &str,
+    calls: usize,
+) -> AsyncLookupManager<FaultTier> {
+    metrics::with_local_recorder(recorder, || {
+        AsyncLookupManager::from_arc(
+            Arc::clone(tier),
+            ManagerConfig {
+                max_calls_in_flight: calls,
+                call_timeout_ms: 600_000,
+                shutdown_timeout_ms: 200,
+                ..ManagerConfig::named(name)
+            },
+        )
+        .expect("manager starts")
+    })
+}
+
+/// Looks up one key for each of `requests` requests and flushes.
+fn one_call_per_request(m: &mut AsyncLookupManager<FaultTier>, requests: u8) {
+    for r in 0..requests {
+        let ctx = ReqContext::new(format!("r{r}"));
+        assert_eq!(m.lookup(&key(r), &ctx), Ok(LookupVerdict::Pending));
+    }
+    m.flush();
+}
+
+#[test]
+fn calls_in_flight_counts_the_calls_running_on_the_tier() {
+    let recorder = Collect::default();
+    let tier = hanging_tier();
+    let mut m = hung_manager(&recorder, &tier, "two-slots", 2);
+    let id = m.manager_id().to_string();
+    let manager = Some(id.as_str());
+    // Six requests of one key each: two calls run, two wait at the worker
+    // for a call slot, and two groups wait in the manager for room.
+    one_call_per_request(&mut m, 6);
+    wait_until(|| tier.in_flight() == 2, "two calls to run");
+    m.drain_results();
+    let stats = m.stats();
+    let gauge = |name| recorder.gauge_of(name, "two-slots", manager);
+    assert_eq!(gauge(names::CALLS_IN_FLIGHT), 2.0, "{stats:?}");
+    assert_eq!(stats.calls_in_flight, tier.in_flight());
+    assert_eq!(gauge(names::CALLS_WAITING), 2.0, "{stats:?}");
+    assert_eq!(stats.calls_waiting, 2);
+    assert_eq!(
+        (stats.calls_started, stats.queued_keys),
+        (4, 2),
+        "{stats:?}"
+    );
+
+    let report = m.shutdown();
+    assert_eq!(
+        (report.abandoned_calls, report.unstarted_calls),
+        (2, 2),
+        "{report:?}"
+    );
+    let stats = m.stats();
+    assert_eq!((stats.calls_in_flight, stats.calls_waiting), (0, 0));
+    assert_eq!(gauge(names::CALLS_IN_FLIGHT), 0.0);
+    assert_eq!(gauge(names::CALLS_WAITING), 0.0);
+    recorder.assert_counters_of_equal(manager, &stats);
+}
+
+#[test]
+fn a_manager_dropped_while_calls_run_leaves_its_gauges_at_zero() {
+    let recorder = Collect::default();
+    let tier = hanging_tier();
+    let mut m = hung_manager(&recorder, &tier, "dropped", 50);
+    let id = m.manager_id().to_string();
+    let manager = Some(id.as_str());
+    one_call_per_request(&mut m, 50);
+    wait_until(|| tier.in_flight() == 50, "fifty calls to run");
+    m.drain_results();
+    let gauge = |name| recorder.gauge_of(name, "dropped", manager);
+    assert_eq!(gauge(names::CALLS_IN_FLIGHT), 50.0);
+    assert_eq!(gauge(names::TRACKED_KEYS), 50.0);
+    drop(m);
+    for name in [
+        names::CALLS_IN_FLIGHT,
+        names::CALLS_WAITING,
+        names::TRACKED_KEYS,
+        names::QUEUED_KEYS,
+    ] {
+        assert_eq!(gauge(name), 0.0, "{name} after the drop");
+    }
+    let counter = |name| recorder.counter_of(name, "dropped", manager);
+    assert_eq!(
+        (
+            counter(names::CALLS_STARTED),
+            counter(names::CALLS_FINISHED)
+        ),
+        (50, 50),
+        "every call started is finished"
+    );
+    assert_eq!(counter(names::ERRORS), 50, "the abandoned calls' keys");
+}
+
+#[test]
+fn a_manager_shut_down_with_calls_hung_then_dropped_leaves_its_gauges_at_zero() {
+    let recorder = Collect::default();
+    let tier = hanging_tier();
+    let mut m = hung_manager(&recorder, &tier, "shut", 3);
+    let id = m.manager_id().to_string();
+    let manager = Some(id.as_str());
+    one_call_per_request(&mut m, 8);
+    wait_until(|| tier.in_flight() == 3, "three calls to run");
+    let report = m.shutdown();
+    assert_eq!(
+        (report.abandoned_calls, report.unstarted_calls),
+        (3, 3),
+        "{report:?}"
+    );
+    let gauge = |name| recorder.gauge_of(name, "shut", manager);
+    assert_eq!(gauge(names::CALLS_IN_FLIGHT), 0.0);
+    assert_eq!(gauge(names::CALLS_WAITING), 0.0);
+    // Still tracked (the requests were not cleaned up), until the drop.
+    assert_eq!(gauge(names::TRACKED_KEYS), 8.0);
+    let counter = |name| recorder.counter_of(name, "shut", manager);
+    assert_eq!(
+        counter(names::CALLS_FINISHED),
+        counter(names::CALLS_STARTED)
+    );
+    drop(m);
+    assert_eq!(gauge(names::TRACKED_KEYS), 0.0);
+    assert_eq!(gauge(names::QUEUED_KEYS), 0.0);
+}
+
+#[test]
+fn managers_with_the_same_tier_name_publish_series_of_their_own() {
+    let recorder = Collect::default();
+    let (mut a, mut b) = metrics::with_local_recorder(&recorder, || {
+        let twin = || AsyncLookupManager::new(Evens, ManagerConfig::named("twin"));
+        (twin().expect("a starts"), twin().expect("b starts"))
+    });
+    assert_ne!(a.manager_id(), b.manager_id());
+    let prompt_a: Vec<OffloadKey> = (0..4).map(key).collect();
+    let prompt_b: Vec<OffloadKey> = (10..13).map(key).collect();
+    resolve(&mut a, &prompt_a, &ReqContext::new("a"));
+    resolve(&mut b, &prompt_b, &ReqContext::new("b"));
+    a.flush();
+    b.flush();
+    let mut ids = vec![a.manager_id().to_string(), b.manager_id().to_string()];
+    ids.sort();
+    assert_eq!(recorder.managers(names::LOOKUPS, "twin"), ids);
+    for m in [&a, &b] {
+        let id = m.manager_id().to_string();
+        let stats = m.stats();
+        recorder.assert_counters_of_equal(Some(&id), &stats);
+        assert_eq!(
+            recorder.gauge_of(names::TRACKED_KEYS, "twin", Some(&id)),
+            stats.tracked_keys as f64
+        );
+    }
 }

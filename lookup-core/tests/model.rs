@@ -264,7 +264,7 @@ impl Harness {
             ..ManagerConfig::named("model")
         };
         Self {
-            ledger: Ledger::new(&cfg),
+            ledger: Ledger::new(&cfg, Instant::now()),
             model: Model::default(),
             truth: [false; KEYS as usize],
             now: Instant::now(),

@@ -1,8 +1,9 @@
 //! Tenants sharing one manager: a tenant never receives a verdict made for
 //! another tenant. The manager identifies a block by its key bytes, so
 //! tenants keep apart by salting their block hashes (vLLM's `cache_salt`);
-//! `ReqContext` carries no namespace a tier could scope keys by (issue 12:
-//! with one, tenant B received the verdict of tenant A's probe).
+//! `ReqContext` carries no namespace a tier could scope keys by (one the
+//! ledger did not key by would hand tenant B the verdict of tenant A's
+//! probe).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,13 +24,13 @@ fn salted(tenant: &str, i: u32) -> OffloadKey {
     OffloadKey::from_block_hash(&hash, i)
 }
 
-/// The scenario of the bug, with salted keys: both tenants ask for the same
+/// Two tenants with salted keys: both ask for the same
 /// block in one window, one probe is answered per tenant key, and each
 /// tenant gets its own verdict.
 #[test]
 fn salted_keys_keep_tenants_apart_in_the_ledger() {
-    let mut ledger = Ledger::new(&ManagerConfig::named("shared"));
     let now = Instant::now();
+    let mut ledger = Ledger::new(&ManagerConfig::named("shared"), now);
     let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
     let (key_a, key_b) = (salted("tenant-a", 0), salted("tenant-b", 0));
     assert_ne!(key_a, key_b);

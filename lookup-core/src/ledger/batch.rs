@@ -1,8 +1,8 @@
-//! The flush batch: keys looked up since the last flush, in runs of one
-//! request each, and the groups a flush turns them into.
+//! The flush batch: the probes of keys looked up since the last flush, in
+//! runs of one request each, with their keys, and which probes it holds.
 
 use super::slab::Slot;
-use super::table::Probe;
+use super::table::{Probe, generation_before};
 use crate::key::{OffloadKey, ReqContext};
 
 /// Room reserved for a request's keys when it first looks one up (grows
@@ -15,10 +15,22 @@ const SPARE_RUNS: usize = 64;
 
 /// Keys looked up since the last flush, in runs of one request each (a
 /// scheduler looks up a request's keys together).
+///
+/// Invariant: a key in phase `Probing` waits in the batch exactly when its
+/// probe's generation is [`generation`](Self::generation) or later (see
+/// [`holds`](Self::holds)); every other `Probing` key is in a call handed
+/// out. A run's probe whose key left that phase since it was pushed (the
+/// key forgotten or forced to miss) is stale, and the batch is then
+/// [`dirty`](Self::dirty).
 #[derive(Debug, Default)]
 pub(super) struct Batch {
     pub(super) runs: Vec<BatchRun>,
     pub(super) len: usize,
+    /// The generation of the first probe the batch may hold.
+    generation: u64,
+    /// Whether a probe of the batch went stale since it was pushed: the
+    /// flush then checks each key before handing it to a call.
+    pub(super) dirty: bool,
     /// Counts the flushes: a request's `batch_epoch` equal to it means the
     /// request already has a run in this batch.
     pub(super) epoch: u64,
@@ -36,7 +48,7 @@ pub(super) struct Batch {
 
 #[derive(Debug)]
 pub(super) struct BatchRun {
-    /// The request's slot and serial in `request_slab` when it looked up.
+    /// The request's slot and serial in the registry when it looked up.
     pub(super) request: (Slot, u32),
     pub(super) ctx: ReqContext,
     pub(super) probes: Vec<Probe>,
@@ -123,23 +135,52 @@ impl Batch {
         self.len == 0
     }
 
-    /// The runs, and whether a request has two of them; the next batch
-    /// starts empty, in a new epoch.
+    /// Whether a `Probing` key's probe of generation `generation` waits in
+    /// the batch (rather than in a call handed out).
     #[inline]
-    pub(super) fn take(&mut self) -> (Vec<BatchRun>, bool) {
+    pub(super) fn holds(&self, generation: u64) -> bool {
+        !generation_before(generation, self.generation)
+    }
+
+    /// The flush: the runs, whether a request has two of them, and whether
+    /// a probe went stale. The next batch starts empty, in a new epoch, and
+    /// holds the probes from generation `next` on.
+    #[inline]
+    pub(super) fn take(&mut self, next: u64) -> Flushed {
         self.len = 0;
         self.epoch += 1;
-        let interleaved = std::mem::take(&mut self.interleaved);
-        (std::mem::take(&mut self.runs), interleaved)
+        self.generation = next;
+        Flushed {
+            runs: std::mem::take(&mut self.runs),
+            interleaved: std::mem::take(&mut self.interleaved),
+            dirty: std::mem::take(&mut self.dirty),
+        }
+    }
+
+    /// Drops every run (no key is tracked any more), in a new epoch.
+    pub(super) fn clear(&mut self) {
+        self.len = 0;
+        self.epoch += 1;
+        self.interleaved = false;
+        self.dirty = false;
+        self.runs.clear();
+    }
+
+    /// Starts the batch's generations at `generation`, for a ledger that has
+    /// handed out no probe yet.
+    #[cfg(feature = "testkit")]
+    pub(super) fn start_at(&mut self, generation: u64) {
+        self.generation = generation;
     }
 }
 
+/// What a flush takes from the batch.
 #[derive(Debug)]
-pub(super) struct Group {
-    pub(super) seq: u64,
-    pub(super) step: u64,
-    /// The request's slot and serial in `request_slab`, as in [`BatchRun`].
-    pub(super) request: (Slot, u32),
-    pub(super) ctx: ReqContext,
-    pub(super) probes: Vec<Probe>,
+pub(super) struct Flushed {
+    pub(super) runs: Vec<BatchRun>,
+    /// Whether a request has two runs: they are merged into one group, so
+    /// no run's call can start on its own.
+    pub(super) interleaved: bool,
+    /// Whether a probe went stale since it was pushed.
+    pub(super) dirty: bool,
 }

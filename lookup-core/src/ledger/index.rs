@@ -434,8 +434,8 @@ mod tests {
 
     #[test]
     fn a_search_ends_when_every_chunk_has_overflowed() {
-        // Found in review: once every chunk counts an overflow, a search for
-        // an absent key went round the ring forever.
+        // Once every chunk counts an overflow, a search for an absent key
+        // still ends, after one round of the chunks.
         let mut index = SlotIndex::default();
         let hashes: std::cell::RefCell<HashMap<Slot, u64>> = Default::default();
         let add = |index: &mut SlotIndex, slot: Slot, hash: u64| {

@@ -19,17 +19,26 @@
 //! is a flush followed by every `next_call` at the same instant, in less
 //! work: what the manager runs at each step.
 //!
+//! A call is outstanding from the moment the ledger hands it out until its
+//! outcome is completed, and at most `max_calls_in_flight` calls are
+//! outstanding at once: for a transport that starts every call it is
+//! handed, the calls running on the tier. A transport that queues calls
+//! before it runs them (as the manager's worker does, so the next call is
+//! at hand when one ends) raises the bound with
+//! [`with_max_outstanding_calls`](Ledger::with_max_outstanding_calls) and
+//! bounds what runs itself.
+//!
 //! ```
 //! use std::time::{Duration, Instant};
 //! use kvtier_core::ledger::{CallOutcome, LazyNow, Ledger};
 //! use kvtier_core::{LookupVerdict, ManagerConfig, OffloadKey, ReqContext};
 //!
-//! let mut ledger = Ledger::new(&ManagerConfig::named("my-transport"));
+//! let now = Instant::now();
+//! let mut ledger = Ledger::new(&ManagerConfig::named("my-transport"), now);
 //! let ctx = ReqContext::new("req-1");
 //! let (cached, cold) = (OffloadKey::new(&[1; 36]), OffloadKey::new(&[2; 36]));
 //!
 //! // The scheduler asks; nothing is known yet.
-//! let now = Instant::now();
 //! for key in [&cached, &cold] {
 //!     assert_eq!(ledger.lookup(key, &ctx, &mut LazyNow::at(now))?, LookupVerdict::Pending);
 //! }
@@ -113,250 +122,100 @@
 //!
 //! # Layout
 //!
-//! Every tracked key lives in one slab entry with a stable index ("slot",
-//! `slab.rs`). The only hash probe is `lookup`'s (and `mark_miss`'s), in an
-//! index of slots keyed by the key's precomputed hash (`index.rs`): chunks
-//! of one cache line, twelve one-byte tags beside their twelve slots, so a
-//! lookup reads one line of the index and then the entry. Removal leaves
-//! no tombstone (each chunk counts the keys that overflowed past it, as in
-//! folly's F14), so the scheduler's churn leaves nothing behind to lengthen
-//! a search. An entry is split in two: the hot part is one 64-byte,
-//! cache-line-aligned value (`table.rs`): the key, a word holding the
-//! probe's 56-bit generation and the status byte (phase, "revalidating",
-//! "orphan"), and the serials of the request that last took or showed a
-//! reference and of the one that created the key, so the lookup of a key
-//! by its creator, or by the request that asked last, reads nothing else.
-//! The cold part (reference count, queue or retry time) sits in a
-//! parallel array of the same fixed-size segment (one segment lookup
-//! reaches both), read only when a request first refers to a key, when a
-//! key is queued or fails, and at cleanup: an answer to a call the flush
-//! started reads the hot part only (a key nobody refers to any more is
-//! marked orphan there).
-//! Everything downstream (the flush batch and the queued groups of
-//! `batch.rs`, running calls, a request's references) holds
-//! `(slot, generation)` pairs and reaches the entry by index; the
-//! generation check makes a pair whose slot was freed or reused harmless.
-//! A run of the flush batch keeps its keys too, copied at their lookup, so
-//! the call a flush starts at once takes that list as it is: between a
-//! key's lookup and its answer, nothing walks it. Queue deadlines are kept
-//! per group and flush, not per key. The vectors of a step (a request's
-//! run of probes and of keys, which the manager's worker gives back
-//! emptied, and its lists of created and shared keys) are recycled, so a
-//! steady step loop allocates nothing per request. The request of the
-//! previous lookup is known by the address of its id's `Arc`, and a
-//! request switch finds a registered request by that address, so neither
-//! reads the id string. The values that cross to a transport
-//! ([`TierCall`], [`CallOutcome`], [`LazyNow`]) are in `call.rs`.
+//! The ledger is the face of seven parts, each a type in a module of its
+//! own that owns one invariant (its doc says which):
+//!
+//! - the tracked keys, `KeyTable` (`table.rs`, over `slab.rs` and
+//!   `index.rs`);
+//! - the request registry, `Requests` (`requests.rs`): serials, the keys
+//!   each request refers to, the request of the previous lookup;
+//! - the flush batch, `Batch` (`batch.rs`): probes looked up since the
+//!   last flush;
+//! - the ready queue, `ReadyQueue` (`queue.rs`): flushed keys waiting for a
+//!   call slot, with their deadlines;
+//! - the calls handed out, `OutstandingCalls` (`outstanding.rs`), with
+//!   their deadlines;
+//! - step admission, `Steps` (`steps.rs`);
+//! - the counters and histograms, `Counters` (`counters.rs`).
+//!
+//! The ledger's own operations that span them are in `lookup.rs`,
+//! `flush.rs` and `resolve.rs`; the values that cross to a transport
+//! ([`TierCall`], [`CallOutcome`], [`LazyNow`]) in `call.rs`.
+//!
+//! Every tracked key lives in one slab entry with a stable index ("slot").
+//! The only hash probe is `lookup`'s (and `mark_miss`'s), in an index of
+//! slots keyed by the key's precomputed hash: chunks of one cache line,
+//! twelve one-byte tags beside their twelve slots, so a lookup reads one
+//! line of the index and then the entry. Removal leaves no tombstone (each
+//! chunk counts the keys that overflowed past it, as in folly's F14), so
+//! the scheduler's churn leaves nothing behind to lengthen a search. An
+//! entry is split in two: the hot part is one 64-byte, cache-line-aligned
+//! value: the key, a word holding the probe's 56-bit generation and the
+//! status byte (phase, "revalidating", "orphan"), and the serials of the
+//! request that last took or showed a reference and of the one that
+//! created the key, so the lookup of a key by its creator, or by the
+//! request that asked last, reads nothing else. The cold part (reference
+//! count, queue or retry time) sits in a parallel array of the same
+//! fixed-size segment (one segment lookup reaches both), read only when a
+//! request first refers to a key, when a key is queued or fails, and at
+//! cleanup: an answer to a call the flush started reads the hot part only
+//! (a key nobody refers to any more is marked orphan there).
+//!
+//! Everything downstream (the flush batch, the queued groups, the calls
+//! handed out, a request's references) holds `(slot, generation)` pairs
+//! and reaches the entry by index; the generation check makes a pair whose
+//! slot was freed or reused harmless. A run of the flush batch keeps its
+//! keys too, copied at their lookup, so the call a flush starts at once
+//! takes that list as it is: between a key's lookup and its answer,
+//! nothing walks it. Queue deadlines are kept per group and flush, not per
+//! key. The vectors of a step (a request's run of probes and of keys,
+//! which the manager's worker gives back emptied, and its lists of created
+//! and shared keys) are recycled, so a steady step loop allocates nothing
+//! per request. The request of the previous lookup is known by the address
+//! of its id's `Arc`, and a request switch finds a registered request by
+//! that address, so neither reads the id string.
 
 mod batch;
 mod call;
+mod counters;
+mod flush;
 mod index;
+mod lookup;
+mod outstanding;
+mod queue;
+mod requests;
+mod resolve;
 mod slab;
+mod steps;
 mod table;
+#[cfg(test)]
+mod tests;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::ManagerConfig;
 use crate::error::{LookupError, TierError, TierErrorKind};
 use crate::key::{OffloadKey, ReqContext};
-use crate::stats::{LatencyHistogram, ManagerStats};
+use crate::stats::ManagerStats;
 
 /// The verdict types, also here for code that names them by this path.
 pub use crate::verdict::{LookupVerdict, PrefixVerdict};
-use batch::{Batch, Group, RUN_CAPACITY};
+use batch::Batch;
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
-use slab::{Slab, Slot};
-use table::{
-    KeyCold, KeyEntry, KeyTable, NO_REQUEST, Phase, Probe, generation_before, next_generation,
-};
+use counters::{Counters, Gauges};
+use outstanding::OutstandingCalls;
+use queue::ReadyQueue;
+use requests::{Requests, id_address};
+use steps::Steps;
+use table::{KeyTable, Phase};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// A request's shared references are compacted (sorted, duplicates
-/// released) when their number reaches this, or twice the number left by
-/// the previous compaction.
-const SHARED_COMPACT_MIN: usize = 64;
-
-/// The keys created by another request that a request also refers to: one
-/// entry per reference taken. Taking a reference is a push, with no
-/// membership check: a request that asks again for a key it already shares
-/// (after another request asked for it in between) pushes it again and
-/// holds one more reference, which its cleanup releases like the first.
-/// When the list doubles it is compacted: sorted, and each duplicate's extra
-/// reference released at once, so it never holds more than twice the keys
-/// it refers to.
-///
-/// A request usually asks for its keys in the same order every step, so a
-/// cursor follows the list: a key found at the cursor (or, the scan having
-/// started again, at the front) is one the request already holds, and no
-/// reference is taken again. Only a key in the list proves membership
-/// (the request's reference keeps the key and its slot alive), so a
-/// cursor gone stale costs a duplicate reference at most, never a wrong one.
-#[derive(Debug, Default)]
-struct SharedRefs {
-    slots: Vec<Slot>,
-    compact_at: usize,
-    /// Where the next shared key the request asks for probably is.
-    cursor: usize,
-}
-
-impl SharedRefs {
-    /// Whether `slot` is at the cursor, just before it (asked for again: a
-    /// prefix scan, then a lookup; a failed key's re-check) or at the front
-    /// of the list; then the request holds it, and the cursor moves past it.
-    #[inline(always)]
-    fn follows(&mut self, slot: Slot) -> bool {
-        if self.slots.get(self.cursor) == Some(&slot) {
-            self.cursor += 1;
-            true
-        } else {
-            self.follows_not_next(slot)
-        }
-    }
-
-    /// [`follows`](Self::follows) for a key not at the cursor.
-    #[inline]
-    fn follows_not_next(&mut self, slot: Slot) -> bool {
-        if self.cursor > 0 && self.slots.get(self.cursor - 1) == Some(&slot) {
-            true
-        } else if self.slots.first() == Some(&slot) {
-            self.cursor = 1;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// Sorts a request's shared references and releases each duplicate's
-/// extra reference (the entry left holds one, so no key is freed here).
-#[cold]
-fn compact_shared(keys: &mut KeyTable, shared: &mut SharedRefs) {
-    shared.slots.sort_unstable();
-    let mut kept = 0;
-    for i in 0..shared.slots.len() {
-        let slot = shared.slots[i];
-        if kept > 0 && shared.slots[kept - 1] == slot {
-            if let Some((_, cold)) = keys.get_both(slot) {
-                cold.refs = cold.refs.saturating_sub(1);
-            }
-        } else {
-            shared.slots[kept] = slot;
-            kept += 1;
-        }
-    }
-    shared.slots.truncate(kept);
-    shared.compact_at = 2 * kept;
-    shared.cursor = 0;
-}
-
-/// How many emptied key lists of cleaned-up requests the ledger keeps for
-/// new requests (128 bytes each).
-const SPARE_LISTS: usize = 128;
-
-/// An empty key list with room for `RUN_CAPACITY` keys, reused if one is spare.
-#[inline]
-fn new_list(spare: &mut Vec<Vec<Slot>>) -> Vec<Slot> {
-    spare
-        .pop()
-        .unwrap_or_else(|| Vec::with_capacity(RUN_CAPACITY))
-}
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
-}
-
-#[derive(Debug)]
-struct RequestEntry {
-    serial: u32,
-    /// Keys this request created: it holds a reference to each (their
-    /// entries name it as `creator`, so no set membership is needed).
-    created: Vec<Slot>,
-    /// Keys created by another request that this one also refers to.
-    shared: SharedRefs,
-    /// The sequence number of this request's group still waiting in
-    /// `ready`, if any (a flush tops it up instead of queueing another).
-    queued_group: Option<u64>,
-    /// The batch epoch of this request's last run (see `Batch::epoch`).
-    batch_epoch: u64,
-}
-
-/// The request of the previous lookup: the address of its id's `Arc`
-/// (compared with the asking context's, never dereferenced), its slot and
-/// serial. The address cannot be another request's while it is cached:
-/// the `Arc` is the one the request was registered with, kept by
-/// `requests` until its cleanup (which forgets this), or a clone in
-/// `last_request_hold`. No reference is counted per request switch, so
-/// the scheduler thread never touches the `Arc`'s count, which the worker
-/// writes when it drops a finished call's context.
-#[derive(Debug, Clone, Copy)]
-struct LastRequest {
-    /// 0 for none: no `Arc` is at address 0.
-    id: usize,
-    slot: Slot,
-    serial: u32,
-}
-
-impl LastRequest {
-    /// No request cached: no context's address matches it.
-    const NONE: Self = Self {
-        id: 0,
-        slot: 0,
-        serial: NO_REQUEST,
-    };
-}
-
-/// The address of a context's id, to compare with [`LastRequest::id`].
-#[inline(always)]
-fn id_address(ctx: &ReqContext) -> usize {
-    Arc::as_ptr(ctx.req_id_arc()).cast::<u8>().addr()
-}
-
-/// What a call says of one of its keys (see `Ledger::resolve`).
-#[derive(Debug, Clone, Copy)]
-enum KeyResult {
-    /// The tier answered: the key is present or not.
-    Answer(bool),
-    /// The call failed or timed out: probe again from `retry_at` (ticks).
-    Failed { retry_at: u64 },
-}
-
-#[derive(Debug)]
-struct RunningCall {
-    step: u64,
-    probes: Vec<Probe>,
-    /// When the flush that submitted every key of the call happened, in
-    /// ticks plus one, for the time to verdict; 0 for a call of a queued
-    /// group, whose keys each keep theirs (`KeyCold::time`).
-    flushed_at: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    lookups: u64,
-    hits: u64,
-    misses: u64,
-    errors: u64,
-    timeouts: u64,
-    forced_misses: u64,
-    stale_results_dropped: u64,
-    late_answers_dropped: u64,
-    deferred: u64,
-    calls_started: u64,
-    calls_finished: u64,
-    /// The first failed call's cause, kept for `stats()`.
-    first_error: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct StepState {
-    /// Groups of the step not yet finished (queued or running).
-    outstanding: usize,
-    /// Whether one of its calls has started.
-    started: bool,
 }
 
 /// The manager's state machine; see the [module docs](self).
@@ -366,112 +225,55 @@ pub struct Ledger {
     max_key_len: usize,
     call_timeout: Duration,
     failure_backoff: Duration,
-    max_calls_in_flight: usize,
-    max_steps_in_flight: usize,
     max_queued_keys: usize,
     max_keys_per_call: usize,
-
     /// Times are kept as nanoseconds since this instant ("ticks"): 8 bytes
     /// instead of 16 in every key's state.
     epoch: Instant,
-    keys: KeyTable,
-    /// Request id → its entry in `request_slab`.
-    requests: FastMap<Arc<str>, Slot>,
-    /// The address of each id `Arc` in `requests` → the same entry: a
-    /// request switch finds its request from the context's pointer, without
-    /// reading the id, whose line the worker writes when it drops a
-    /// finished call's context (and which a scheduler's long-lived request
-    /// has not touched for a while).
-    requests_by_address: FastMap<usize, Slot>,
-    request_slab: Slab<RequestEntry>,
-    /// The request of the previous lookup, to skip hashing its id again.
-    last_request: LastRequest,
-    /// A clone of the previous lookup's id when it is not the `Arc` the
-    /// request was registered with (a caller passing another context with
-    /// the same id): keeps its address that request's while it is cached.
-    last_request_hold: Option<Arc<str>>,
+    /// The generation the next probe gets.
     next_generation: u64,
-    /// Serials are 32 bits (they sit in every key's hot entry); when they
-    /// run out, live requests are renumbered from 0 and every key's marks
-    /// forgotten (see `renumber_requests`), so two live requests never
-    /// share a serial.
-    next_serial: u32,
-    /// Emptied key lists of cleaned-up requests, of `RUN_CAPACITY`, reused
-    /// by new requests: a step then allocates no list per request.
-    spare_lists: Vec<Vec<Slot>>,
 
+    keys: KeyTable,
+    requests: Requests,
     batch: Batch,
-    /// The generation of the first probe the flush batch may hold: a key in
-    /// phase `Probing` with a generation below it was flushed and its call
-    /// started (it is in flight), one at or above it waits for the flush.
-    batch_generation: u64,
-    /// Whether a probe of the flush batch went stale since it was pushed
-    /// (its key forgotten by a cleanup or forced to miss): the flush then
-    /// checks each key before handing it to a call.
-    batch_dirty: bool,
-    ready: VecDeque<Group>,
-    next_group_seq: u64,
-    queued_keys: usize,
-
-    /// (deadline in ticks, flush time in ticks plus one, group sequence
-    /// number) of every group a flush queued keys in, in flush order: a key
-    /// still waiting for a call at its deadline resolves as a timeout, so a
-    /// saturated or hung tier cannot make keys wait unbounded. One entry per
-    /// group and flush, not per key: the keys an entry covers are those of
-    /// its group still queued with that flush time.
-    queue_deadlines: VecDeque<(u64, u64, u64)>,
-    running: FastMap<CallId, RunningCall>,
-    /// Deadlines in start order; one timeout for all calls keeps them sorted.
-    deadlines: VecDeque<(Instant, CallId)>,
-    next_call: u64,
-    steps: BTreeMap<u64, StepState>,
-    started_steps: usize,
-    next_step: u64,
-
+    ready: ReadyQueue,
+    calls: OutstandingCalls,
+    steps: Steps,
     counters: Counters,
-    call_latency: LatencyHistogram,
-    time_to_verdict: LatencyHistogram,
 }
 
 impl Ledger {
-    /// An empty ledger with the limits of `cfg` (assumed valid).
-    pub fn new(cfg: &ManagerConfig) -> Self {
+    /// An empty ledger with the limits of `cfg` (assumed valid), whose
+    /// clock starts at `now`: every time handed to it later is measured
+    /// from `now` (an earlier one counts as `now`).
+    pub fn new(cfg: &ManagerConfig, now: Instant) -> Self {
         Self {
             tier: Arc::from(cfg.tier_name.as_str()),
             max_key_len: cfg.max_key_len,
             call_timeout: cfg.call_timeout(),
             failure_backoff: cfg.failure_backoff(),
-            max_calls_in_flight: cfg.max_calls_in_flight.max(1),
-            max_steps_in_flight: cfg.max_steps_in_flight.max(1),
             max_queued_keys: cfg.max_queued_keys.max(1),
             max_keys_per_call: cfg.max_keys_per_call.max(1),
-            epoch: Instant::now(),
-            keys: KeyTable::default(),
-            requests: FastMap::default(),
-            requests_by_address: FastMap::default(),
-            request_slab: Slab::default(),
-            last_request: LastRequest::NONE,
-            last_request_hold: None,
+            epoch: now,
             next_generation: 0,
-            next_serial: 0,
-            spare_lists: Vec::new(),
+            keys: KeyTable::default(),
+            requests: Requests::default(),
             batch: Batch::default(),
-            batch_generation: 0,
-            batch_dirty: false,
-            ready: VecDeque::new(),
-            next_group_seq: 0,
-            queued_keys: 0,
-            queue_deadlines: VecDeque::new(),
-            running: FastMap::default(),
-            deadlines: VecDeque::new(),
-            next_call: 0,
-            steps: BTreeMap::new(),
-            started_steps: 0,
-            next_step: 0,
-            counters: Counters::default(),
-            call_latency: LatencyHistogram::new(),
-            time_to_verdict: LatencyHistogram::new(),
+            ready: ReadyQueue::default(),
+            calls: OutstandingCalls::new(cfg.call_timeout(), cfg.max_calls_in_flight),
+            steps: Steps::new(cfg.max_steps_in_flight),
+            counters: Counters::new(),
         }
+    }
+
+    /// This ledger with up to `max` calls outstanding at once (handed out,
+    /// not yet completed) instead of `max_calls_in_flight`: for a transport
+    /// that runs at most `max_calls_in_flight` of the calls it is handed and
+    /// queues the others (see the [module docs](self)).
+    #[must_use]
+    pub fn with_max_outstanding_calls(mut self, max: usize) -> Self {
+        self.calls.set_max(max);
+        self
     }
 
     /// The tier's name.
@@ -504,7 +306,7 @@ impl Ledger {
         // The common case, answered from the key's hot entry alone: the
         // same request as the previous lookup asks again for a key it
         // already holds.
-        let last = self.last_request;
+        let last = self.requests.last;
         if last.id == id_address(ctx) {
             let (request, serial) = (last.slot, last.serial);
             self.counters.lookups += 1;
@@ -516,10 +318,7 @@ impl Ledger {
             // a request that holds the key too.
             let held = state.last_req == serial
                 || state.creator == serial
-                || self
-                    .request_slab
-                    .get_mut(request)
-                    .is_some_and(|req| req.shared.follows(found));
+                || self.requests.follows(request, found);
             if held && let Some(verdict) = state.verdict() {
                 return Ok(verdict);
             }
@@ -528,163 +327,6 @@ impl Ledger {
             return Ok(self.lookup_tracked(found, request, serial, !held, ctx, now));
         }
         Ok(self.lookup_slow(key, Some(found), ctx, now))
-    }
-
-    /// Adds a probe of `key` by the request at `request` to the flush
-    /// batch; a run the request starts is noted on it, and its second run
-    /// in one batch makes the batch interleaved (see `Batch::interleaved`).
-    #[inline(always)]
-    fn push_probe(
-        &mut self,
-        request: Slot,
-        serial: u32,
-        ctx: &ReqContext,
-        probe: Probe,
-        key: &OffloadKey,
-    ) {
-        if self.batch.push(request, serial, ctx, probe, key)
-            && let Some(req) = self.request_slab.get_mut(request)
-        {
-            if req.batch_epoch == self.batch.epoch {
-                self.batch.interleaved = true;
-            }
-            req.batch_epoch = self.batch.epoch;
-        }
-    }
-
-    #[cold]
-    fn invalid_key(&self, len: usize) -> LookupError {
-        LookupError::InvalidKey {
-            len,
-            max: self.max_key_len,
-        }
-    }
-
-    /// `lookup` for every case but the common one: `found` is the key's
-    /// slot, if it is tracked.
-    #[inline(never)]
-    fn lookup_slow(
-        &mut self,
-        key: &OffloadKey,
-        found: Option<Slot>,
-        ctx: &ReqContext,
-        now: &mut LazyNow,
-    ) -> LookupVerdict {
-        self.counters.lookups += 1;
-        let Some((request, serial)) = self.request(ctx) else {
-            // 2^32 live requests: not reachable in practice, never a panic.
-            self.counters.deferred += 1;
-            return LookupVerdict::Pending;
-        };
-
-        let Some(slot) = found else {
-            if self.batch.len + self.queued_keys >= self.max_queued_keys {
-                self.counters.deferred += 1;
-                return LookupVerdict::Pending;
-            }
-            let generation = self.next_generation;
-            let Some(slot) = self.keys.insert(key.prehash(), KeyCold::NEW, || {
-                KeyEntry::new(key.clone(), generation, serial)
-            }) else {
-                self.counters.deferred += 1;
-                return LookupVerdict::Pending;
-            };
-            self.next_generation = next_generation(generation);
-            self.push_probe(request, serial, ctx, (slot, generation), key);
-            if let Some(req) = self.request_slab.get_mut(request) {
-                if req.created.capacity() == 0 {
-                    req.created = new_list(&mut self.spare_lists);
-                }
-                req.created.push(slot);
-            }
-            return LookupVerdict::Pending;
-        };
-        self.lookup_tracked(slot, request, serial, false, ctx, now)
-    }
-
-    /// `lookup` of the tracked key at `slot` by the request at `request`
-    /// (serial `serial`): takes the request's reference if the key's marks
-    /// do not show it holds one, then answers from the entry. `not_held`:
-    /// the caller found neither mark nor the request's cursor naming it.
-    #[inline(never)]
-    fn lookup_tracked(
-        &mut self,
-        slot: Slot,
-        request: Slot,
-        serial: u32,
-        not_held: bool,
-        ctx: &ReqContext,
-        now: &mut LazyNow,
-    ) -> LookupVerdict {
-        let (keys, request_slab) = (&mut self.keys, &mut self.request_slab);
-        let Some((state, cold)) = keys.get_both(slot) else {
-            return LookupVerdict::Pending; // unreachable: `find` returned it
-        };
-        let mut compact = false;
-        if state.last_req != serial {
-            state.last_req = serial;
-            if state.creator != serial
-                && let Some(req) = request_slab.get_mut(request)
-                && (not_held || !req.shared.follows(slot))
-            {
-                cold.refs += 1;
-                // Referred to again: no longer kept only for its answer.
-                state.set_orphan(false);
-                let shared = &mut req.shared;
-                if shared.slots.capacity() == 0 {
-                    shared.slots = new_list(&mut self.spare_lists);
-                }
-                shared.slots.push(slot);
-                shared.cursor = shared.slots.len();
-                compact = shared.slots.len() >= shared.compact_at.max(SHARED_COMPACT_MIN);
-            }
-        }
-        let verdict = state.verdict();
-        if compact {
-            self.compact_request(request);
-        }
-        match verdict {
-            Some(verdict) => verdict,
-            None => self.lookup_failed(slot, request, serial, ctx, now),
-        }
-    }
-
-    /// Compacts the shared references of the request at `request`.
-    #[cold]
-    fn compact_request(&mut self, request: Slot) {
-        if let Some(req) = self.request_slab.get_mut(request) {
-            compact_shared(&mut self.keys, &mut req.shared);
-        }
-    }
-
-    /// A lookup of a key in phase `Failed`: miss, and past the back-off a
-    /// new probe under a new generation (the failure was never the truth),
-    /// answering miss meanwhile: a request that met the failure does not
-    /// wait a second time.
-    #[cold]
-    fn lookup_failed(
-        &mut self,
-        slot: Slot,
-        request: Slot,
-        serial: u32,
-        ctx: &ReqContext,
-        now: &mut LazyNow,
-    ) -> LookupVerdict {
-        let now_ticks = ticks(self.epoch, now.get());
-        let generation = self.next_generation;
-        let Some((state, cold)) = self.keys.get_both(slot) else {
-            return LookupVerdict::Miss;
-        };
-        if now_ticks >= cold.time {
-            self.next_generation = next_generation(generation);
-            state.set_generation(generation);
-            state.set_phase(Phase::Probing);
-            state.set_revalidating(true);
-            cold.time = 0;
-            let key = state.key.clone();
-            self.push_probe(request, serial, ctx, (slot, generation), &key);
-        }
-        LookupVerdict::Miss
     }
 
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
@@ -717,104 +359,6 @@ impl Ledger {
         })
     }
 
-    /// The request's slot and serial, registering a request seen for the
-    /// first time; `None` only if 2^32 requests are live.
-    fn request(&mut self, ctx: &ReqContext) -> Option<(Slot, u32)> {
-        let address = id_address(ctx);
-        let last = self.last_request;
-        if last.id == address {
-            return Some((last.slot, last.serial));
-        }
-        // The context carries the id `Arc` the request was registered with
-        // (kept in `requests` until its cleanup): the same request.
-        if let Some(&slot) = self.requests_by_address.get(&address)
-            && let Some(entry) = self.request_slab.get(slot)
-        {
-            let serial = entry.serial;
-            self.last_request = LastRequest {
-                id: address,
-                slot,
-                serial,
-            };
-            self.last_request_hold = None;
-            return Some((slot, serial));
-        }
-        let known = self
-            .requests
-            .get_key_value(ctx.req_id())
-            .and_then(|(registered, &slot)| {
-                let same = Arc::ptr_eq(registered, ctx.req_id_arc());
-                Some((slot, self.request_slab.get(slot)?.serial, same))
-            });
-        let (slot, serial) = match known {
-            Some((slot, serial, same)) => {
-                self.last_request_hold = (!same).then(|| Arc::clone(ctx.req_id_arc()));
-                (slot, serial)
-            }
-            None => {
-                if self.next_serial == NO_REQUEST {
-                    self.renumber_requests();
-                }
-                let serial = self.next_serial;
-                let slot = self.request_slab.insert(
-                    RequestEntry {
-                        serial,
-                        created: Vec::new(),
-                        shared: SharedRefs::default(),
-                        queued_group: None,
-                        batch_epoch: u64::MAX,
-                    },
-                    (),
-                )?;
-                self.next_serial += 1;
-                self.requests.insert(Arc::clone(ctx.req_id_arc()), slot);
-                self.requests_by_address.insert(address, slot);
-                self.last_request_hold = None;
-                (slot, serial)
-            }
-        };
-        self.last_request = LastRequest {
-            id: address,
-            slot,
-            serial,
-        };
-        Some((slot, serial))
-    }
-
-    /// Gives the live requests the serials 0, 1, …, when 32-bit serials ran
-    /// out (once every 2^32 requests): every key forgets its request marks
-    /// (the next ask checks membership again, which is always correct), and
-    /// the flush batch follows the new serials.
-    #[cold]
-    fn renumber_requests(&mut self) {
-        let mut renumbered: HashMap<u32, u32> = HashMap::new();
-        let mut next = 0u32;
-        for (entry, ()) in self.request_slab.iter_mut() {
-            renumbered.insert(entry.serial, next);
-            entry.serial = next;
-            next = next.saturating_add(1);
-        }
-        let renumber = |serial: &mut u32| {
-            *serial = renumbered.get(serial).copied().unwrap_or(NO_REQUEST);
-        };
-        for run in &mut self.batch.runs {
-            renumber(&mut run.request.1);
-        }
-        for group in &mut self.ready {
-            renumber(&mut group.request.1);
-        }
-        self.keys.forget_request_marks();
-        self.last_request = LastRequest::NONE;
-        self.last_request_hold = None;
-        self.next_serial = next;
-    }
-
-    /// Starts request serials at `serial`, to test their wrap-around.
-    #[cfg(test)]
-    fn set_next_serial(&mut self, serial: u32) {
-        self.next_serial = serial;
-    }
-
     /// Starts probe generations at `generation` (modulo 2^56, their width),
     /// to test their wrap-around: a ledger that has handed out no probe yet
     /// behaves the same from any starting generation. Does nothing once a
@@ -824,7 +368,7 @@ impl Ledger {
     pub fn start_generations_at(&mut self, generation: u64) {
         if self.is_empty() {
             self.next_generation = generation & table::GENERATION_MASK;
-            self.batch_generation = self.next_generation;
+            self.batch.start_at(self.next_generation);
         }
     }
 
@@ -850,408 +394,58 @@ impl Ledger {
         }
     }
 
-    /// `flush`, starting each run's call directly while `start` is given,
-    /// no group waits and the limits allow (see `flush_and_start`).
-    fn flush_runs(&mut self, now: Instant, mut start: Option<&mut Vec<TierCall>>) {
-        self.time_to_verdict.settle();
-        self.call_latency.settle();
-        if self.batch.is_empty() {
-            return;
-        }
-        let step = self.next_step;
-        let flushed_at = ticks(self.epoch, now) + 1;
-        let queue_deadline = ticks(self.epoch, now + self.call_timeout);
-        let mut new_groups = 0usize;
-        let mut step_started = false;
-        let max = self.max_keys_per_call;
-        let (runs, interleaved) = self.batch.take();
-        // Every probe of the batch is now flushed: those of runs started
-        // below stay `Probing`, now in flight; the others are queued.
-        self.batch_generation = self.next_generation;
-        let dirty = std::mem::take(&mut self.batch_dirty);
-        if interleaved {
-            // A request's runs are merged into one group (see below).
-            start = None;
-        }
-        for run in runs {
-            // Started at once if `next_call` would start it right after this
-            // flush: nothing waits ahead of it, no later run of the request
-            // would join it, and the limits allow a call.
-            if let Some(calls) = start.as_deref_mut()
-                && self.ready.is_empty()
-                && run.probes.len() <= max
-                && self.may_start_call(step_started)
-            {
-                if let Some(call) = self.start_run(run, dirty, step, flushed_at, now) {
-                    if !step_started {
-                        step_started = true;
-                        self.started_steps += 1;
-                    }
-                    new_groups += 1;
-                    calls.push(call);
-                }
-                continue;
-            }
-            // Queue the run's keys still waiting for this flush (a key may
-            // have been cleaned up or forced to miss since). The group keeps
-            // the probes only: its call copies the keys when it starts.
-            let mut probes = run.probes;
-            let (keys, queued_keys) = (&mut self.keys, &mut self.queued_keys);
-            probes.retain(|&probe| {
-                let Some((state, cold)) = keys.probe_both(probe) else {
-                    return false;
-                };
-                if !state.status().is(Phase::Probing) {
-                    return false;
-                }
-                state.set_phase(Phase::Queued);
-                cold.time = flushed_at;
-                *queued_keys += 1;
-                true
-            });
-            if probes.is_empty() {
-                continue;
-            }
-            // Top up the request's group still waiting in `ready`, if any
-            // (its index there: groups in `ready` have consecutive sequence
-            // numbers, and none leaves it during a flush).
-            let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            let request = self
-                .request_slab
-                .get_mut(run.request.0)
-                .filter(|r| r.serial == run.request.1);
-            if let Some(group) = request
-                .as_ref()
-                .and_then(|r| r.queued_group)
-                .and_then(|seq| seq.checked_sub(front_seq))
-                .and_then(|idx| usize::try_from(idx).ok())
-                .and_then(|idx| self.ready.get_mut(idx))
-                .filter(|g| g.request == run.request)
-            {
-                let take = max.saturating_sub(group.probes.len()).min(probes.len());
-                if take > 0 {
-                    group.probes.extend(probes.drain(..take));
-                    self.queue_deadlines
-                        .push_back((queue_deadline, flushed_at, group.seq));
-                }
-            }
-            // The rest in new groups of at most `max_keys_per_call` keys; the
-            // first reuses the run's vector.
-            let mut last_seq = None;
-            while !probes.is_empty() {
-                let rest = if probes.len() > max {
-                    probes.split_off(max)
-                } else {
-                    Vec::new()
-                };
-                let seq = self.next_group_seq;
-                self.next_group_seq += 1;
-                last_seq = Some(seq);
-                self.queue_deadlines
-                    .push_back((queue_deadline, flushed_at, seq));
-                self.ready.push_back(Group {
-                    seq,
-                    step,
-                    request: run.request,
-                    ctx: run.ctx.clone(),
-                    probes,
-                });
-                new_groups += 1;
-                probes = rest;
-            }
-            if let (Some(seq), Some(request)) = (last_seq, request) {
-                request.queued_group = Some(seq);
-            }
-        }
-        if new_groups > 0 {
-            self.next_step += 1;
-            self.steps.insert(
-                step,
-                StepState {
-                    outstanding: new_groups,
-                    started: step_started,
-                },
-            );
-        }
-    }
-
-    /// Starts the call of one flushed run, handing its probes and keys over
-    /// as they are: its keys stay `Probing`, now in flight, with no pass
-    /// over them. When the batch is `dirty` the keys still waiting for this
-    /// flush are picked out first (the others were cleaned up or forced to
-    /// miss since their lookup). `None` if none is left.
-    fn start_run(
-        &mut self,
-        run: batch::BatchRun,
-        dirty: bool,
-        step: u64,
-        flushed_at: u64,
-        now: Instant,
-    ) -> Option<TierCall> {
-        let (mut probes, mut keys) = (run.probes, run.keys);
-        if dirty {
-            self.drop_stale(&mut probes, &mut keys);
-            if probes.is_empty() {
-                self.batch.recycle(probes);
-                return None;
-            }
-        }
-        if let Some(request) = self
-            .request_slab
-            .get_mut(run.request.0)
-            .filter(|r| r.serial == run.request.1)
-        {
-            // Nothing waits in `ready`: a recorded group is gone.
-            request.queued_group = None;
-        }
-        // The seq a queued group would have taken, so that later groups
-        // are numbered as if this run had been queued and started.
-        self.next_group_seq += 1;
-        Some(self.register_call(step, probes, keys, run.ctx, now, flushed_at))
-    }
-
-    /// Keeps the probes (and their keys, in the parallel list) whose key is
-    /// still in phase `Probing` under the probe's generation.
-    #[cold]
-    fn drop_stale(&mut self, probes: &mut Vec<Probe>, keys: &mut Vec<OffloadKey>) {
-        let mut kept = 0;
-        for i in 0..probes.len() {
-            let probe = probes[i];
-            if self
-                .keys
-                .probe_both(probe)
-                .is_some_and(|(state, _)| state.status().is(Phase::Probing))
-            {
-                probes[kept] = probe;
-                keys.swap(kept, i);
-                kept += 1;
-            }
-        }
-        probes.truncate(kept);
-        keys.truncate(kept);
-    }
-
-    /// Moves each key of a queued group's `probes` still queued to in
-    /// flight and copies it into the call's key list, in one pass; `probes`
-    /// keeps those keys only. `None` if none was left.
-    fn move_in_flight(&mut self, probes: &mut Vec<Probe>) -> Option<Vec<OffloadKey>> {
-        let mut keys = Vec::with_capacity(probes.len());
-        let mut kept = 0;
-        for i in 0..probes.len() {
-            let probe = probes[i];
-            if let Some((state, _)) = self.keys.probe_both(probe)
-                && state.status().is(Phase::Queued)
-            {
-                state.set_phase(Phase::Probing);
-                keys.push(state.key.clone());
-                probes[kept] = probe;
-                kept += 1;
-            }
-        }
-        probes.truncate(kept);
-        (kept > 0).then_some(keys)
-    }
-
-    /// Whether the limits allow one more call, of a step that has
-    /// (`step_started`) or has not started a call yet.
-    #[inline]
-    fn may_start_call(&self, step_started: bool) -> bool {
-        self.running.len() < self.max_calls_in_flight
-            && (step_started || self.started_steps < self.max_steps_in_flight)
-    }
-
-    /// Records a call about to be handed out, running from `now`, whose
-    /// keys were flushed at `flushed_at` (0: each at its own, see
-    /// `RunningCall`).
-    fn register_call(
-        &mut self,
-        step: u64,
-        probes: Vec<Probe>,
-        keys: Vec<OffloadKey>,
-        ctx: ReqContext,
-        now: Instant,
-        flushed_at: u64,
-    ) -> TierCall {
-        let id = CallId(self.next_call);
-        self.next_call += 1;
-        let deadline = now + self.call_timeout;
-        self.running.insert(
-            id,
-            RunningCall {
-                step,
-                probes,
-                flushed_at,
-            },
-        );
-        self.deadlines.push_back((deadline, id));
-        self.counters.calls_started += 1;
-        TierCall {
-            id,
-            keys,
-            ctx,
-            deadline,
-        }
-    }
-
     /// The next tier call to start, if the limits allow one: at most
-    /// `max_calls_in_flight` calls and `max_steps_in_flight` steps at once.
+    /// `max_calls_in_flight` calls outstanding (or the bound set by
+    /// [`with_max_outstanding_calls`](Self::with_max_outstanding_calls)) and
+    /// `max_steps_in_flight` steps with calls at once.
     /// The call's keys move to in-flight; its deadline starts `now`.
     pub fn next_call(&mut self, now: Instant) -> Option<TierCall> {
         loop {
             let group = self.ready.front()?;
-            let step_started = self.steps.get(&group.step).is_some_and(|s| s.started);
-            if !self.may_start_call(step_started) {
+            if !self.may_start_call(self.steps.is_started(group.step)) {
                 return None;
             }
             let group = self.ready.pop_front()?;
             if let Some(request) = self
-                .request_slab
-                .get_mut(group.request.0)
-                .filter(|r| r.serial == group.request.1 && r.queued_group == Some(group.seq))
+                .requests
+                .live_mut(group.request)
+                .filter(|r| r.queued_group == Some(group.seq))
             {
                 request.queued_group = None;
             }
-            self.queued_keys = self.queued_keys.saturating_sub(group.probes.len());
-
             // Keys still queued move to in flight, and their keys are copied
             // into the call's list in the same pass.
             let mut probes = group.probes;
             let Some(keys) = self.move_in_flight(&mut probes) else {
                 // Every key was cleaned up or forced to miss while waiting.
-                self.finish_group(group.step);
+                self.steps.finish_group(group.step);
                 continue;
             };
-            if let Some(step) = self.steps.get_mut(&group.step)
-                && !step.started
-            {
-                step.started = true;
-                self.started_steps += 1;
-            }
-            return Some(self.register_call(group.step, probes, keys, group.ctx, now, 0));
-        }
-    }
-
-    fn finish_group(&mut self, step: u64) {
-        if let Some(state) = self.steps.get_mut(&step) {
-            state.outstanding = state.outstanding.saturating_sub(1);
-            if state.outstanding == 0 {
-                if state.started {
-                    self.started_steps -= 1;
-                }
-                self.steps.remove(&step);
-            }
+            self.steps.start(group.step);
+            return Some(self.hand_out(group.step, probes, keys, group.ctx, now, 0));
         }
     }
 
     /// Applies the outcome of call `id`, which took `elapsed`. An answer for
     /// a call that already timed out is dropped and counted.
     pub fn complete(&mut self, id: CallId, outcome: CallOutcome, elapsed: Duration, now: Instant) {
-        let Some(call) = self.running.remove(&id) else {
+        let Some(call) = self.calls.finish(id) else {
             self.counters.late_answers_dropped += 1;
             return;
         };
-        self.counters.calls_finished += 1;
-        self.finish_group(call.step);
-        self.call_latency.record(elapsed);
+        self.counters.call_finished(elapsed);
+        self.steps.finish_group(call.step);
         let now_ticks = ticks(self.epoch, now);
-
-        let failure = match outcome {
+        match outcome {
             CallOutcome::Answered(found) if found.len() == call.probes.len() => {
-                let mut first_verdicts = 0;
-                for (&probe, present) in call.probes.iter().zip(found) {
-                    let timed = self.resolve(probe, KeyResult::Answer(present), call.flushed_at);
-                    self.time_first_verdict(timed, call.flushed_at, now_ticks, &mut first_verdicts);
-                }
-                self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
-                self.batch.recycle(call.probes);
-                return;
+                self.apply_answers(&call, found, now_ticks);
             }
-            CallOutcome::Answered(found) => {
-                tracing::warn!(
-                    tier = %self.tier,
-                    keys = call.probes.len(),
-                    results = found.len(),
-                    "tier answered with the wrong number of results; resolving its keys as errors"
-                );
-                self.counters.first_error.get_or_insert_with(|| {
-                    format!(
-                        "answered {} results for {} keys",
-                        found.len(),
-                        call.probes.len()
-                    )
-                });
-                TierErrorKind::WrongResultCount
+            failed => {
+                let kind = self.note_failure(failed, call.probes.len());
+                self.apply_failure(&call, kind, now, now_ticks);
             }
-            CallOutcome::Failed(err) => {
-                tracing::warn!(tier = %self.tier, keys = call.probes.len(), error = %err, "tier call failed");
-                self.counters
-                    .first_error
-                    .get_or_insert_with(|| crate::error::one_line(&err));
-                err.kind()
-            }
-            CallOutcome::TimedOut => {
-                tracing::warn!(
-                    tier = %self.tier,
-                    keys = call.probes.len(),
-                    timeout_ms = self.call_timeout.as_millis() as u64,
-                    "tier call exceeded its deadline"
-                );
-                self.counters.first_error.get_or_insert_with(|| {
-                    format!(
-                        "no answer within the call deadline ({} ms)",
-                        self.call_timeout.as_millis()
-                    )
-                });
-                TierErrorKind::Timeout
-            }
-        };
-        let timed_out = failure == TierErrorKind::Timeout;
-        let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        let mut first_verdicts = 0;
-        for &probe in &call.probes {
-            let result = KeyResult::Failed { retry_at };
-            let Some(timed) = self.resolve(probe, result, call.flushed_at) else {
-                continue;
-            };
-            if timed_out {
-                self.counters.timeouts += 1;
-            } else {
-                self.counters.errors += 1;
-            }
-            self.time_first_verdict(Some(timed), call.flushed_at, now_ticks, &mut first_verdicts);
         }
-        self.record_verdict_times(call.flushed_at, now_ticks, first_verdicts);
         self.batch.recycle(call.probes);
-    }
-
-    /// Notes a first verdict that `resolve` says to time (`timed`, the
-    /// key's flush time): counted in `count` when it is the call's own
-    /// flush time `call_flushed_at` (recorded at once, after the loop),
-    /// recorded now when the key has a flush time of its own.
-    #[inline(always)]
-    fn time_first_verdict(
-        &mut self,
-        timed: Option<u64>,
-        call_flushed_at: u64,
-        now_ticks: u64,
-        count: &mut u64,
-    ) {
-        match timed {
-            Some(0) | None => {}
-            Some(_) if call_flushed_at != 0 => *count += 1,
-            Some(flushed_at) => self.record_verdict_times(flushed_at, now_ticks, 1),
-        }
-    }
-
-    /// Records `count` times to verdict of keys flushed at `flushed_at`
-    /// (ticks plus one; 0: none) whose verdicts became available at
-    /// `now_ticks`.
-    fn record_verdict_times(&mut self, flushed_at: u64, now_ticks: u64, count: u64) {
-        if count > 0 && flushed_at > 0 {
-            let waited = now_ticks.saturating_sub(flushed_at - 1);
-            self.time_to_verdict
-                .record_n(Duration::from_nanos(waited), count);
-        }
     }
 
     /// Gives back the key list of a finished call, for a later call to
@@ -1262,50 +456,6 @@ impl Ledger {
         self.batch.recycle_keys(keys);
     }
 
-    /// Applies one key's result from a call whose keys were flushed at
-    /// `call_flushed_at` (0: each at its own). `None` if it was not applied
-    /// (a stale answer); else the flush time (ticks plus one) to time the
-    /// key's first verdict from, or 0 when the result is not a first verdict
-    /// a request waits for (a re-check of a failed probe, whose requests had
-    /// a miss already, or a key nobody refers to any more). Inlined at each
-    /// call site, where the kind of `result` is known: a tier's answer takes
-    /// no branch on whether the key is present.
-    #[inline(always)]
-    fn resolve(&mut self, probe: Probe, result: KeyResult, call_flushed_at: u64) -> Option<u64> {
-        let Some((state, cold)) = self.keys.probe_both(probe) else {
-            self.counters.stale_results_dropped += 1;
-            return None;
-        };
-        let status = state.status();
-        if !status.is(Phase::Probing) {
-            // Forgotten, re-probed, or forced to miss while in flight:
-            // mark_miss wins.
-            self.counters.stale_results_dropped += 1;
-            return None;
-        }
-        if let KeyResult::Answer(present) = result {
-            self.counters.hits += u64::from(present);
-            self.counters.misses += u64::from(!present);
-        }
-        if status.orphan() {
-            // Retained only for this answer; nobody is asking any more.
-            self.keys.remove(probe.0);
-            return Some(0);
-        }
-        let timed = if status.revalidating() {
-            0
-        } else if call_flushed_at != 0 {
-            call_flushed_at
-        } else {
-            cold.time
-        };
-        match result {
-            KeyResult::Answer(present) => state.set_answer(present),
-            KeyResult::Failed { retry_at } => self.keys.set_failed(probe.0, retry_at),
-        }
-        Some(timed)
-    }
-
     /// Resolves as timeouts every call whose deadline is `now` or earlier
     /// (the worker enforces deadlines too; this is the backstop for a worker
     /// that cannot, such as a tier blocking its thread), and every key still
@@ -1313,69 +463,17 @@ impl Ledger {
     /// it (all call slots taken by a slow or hung tier). A flushed key so
     /// gets its verdict within two call timeouts.
     pub fn expire(&mut self, now: Instant) {
-        while let Some(&(deadline, id)) = self.deadlines.front() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_front();
-            if self.running.contains_key(&id) {
-                self.complete(id, CallOutcome::TimedOut, self.call_timeout, now);
-            }
+        while let Some(id) = self.calls.next_expired(now) {
+            self.complete(id, CallOutcome::TimedOut, self.call_timeout, now);
         }
-        // Keys flushed a whole call timeout ago and still waiting for a call.
-        let now_ticks = ticks(self.epoch, now);
-        let retry_at = ticks(self.epoch, now + self.failure_backoff);
-        while let Some(&(deadline, flushed_at, seq)) = self.queue_deadlines.front() {
-            // The group, if it still waits in `ready` (groups there have
-            // consecutive sequence numbers).
-            let front_seq = self.ready.front().map_or(0, |g| g.seq);
-            let group = seq
-                .checked_sub(front_seq)
-                .and_then(|idx| usize::try_from(idx).ok())
-                .and_then(|idx| self.ready.get(idx))
-                .filter(|g| g.seq == seq);
-            if group.is_some() && deadline > now_ticks {
-                break;
-            }
-            // Expired, or stale (the group started): either way the entry
-            // goes, which keeps the queue as short as the groups waiting.
-            self.queue_deadlines.pop_front();
-            let Some(group) = group else {
-                continue;
-            };
-            let mut first_verdicts = 0;
-            for &probe in &group.probes {
-                // Still queued since this flush (a key queued by a later
-                // flush, topping up the group, has an entry of its own).
-                let Some((state, cold)) = self.keys.probe_both(probe) else {
-                    continue;
-                };
-                if state.status().is(Phase::Queued) && cold.time == flushed_at {
-                    first_verdicts += u64::from(!state.status().revalidating());
-                    self.keys.set_failed(probe.0, retry_at);
-                    self.counters.timeouts += 1;
-                }
-            }
-            self.record_verdict_times(flushed_at, now_ticks, first_verdicts);
-        }
-        if self.queue_deadlines.capacity() > 4 * self.queue_deadlines.len().max(1024) {
-            self.queue_deadlines
-                .shrink_to(2 * self.queue_deadlines.len().max(1024));
-        }
-        // Deadlines of calls that finished normally are dropped lazily above;
-        // keep the queue from growing when nothing expires for a long time.
-        if self.deadlines.len() > 2 * self.running.len() + 64 {
-            let running = &self.running;
-            self.deadlines.retain(|(_, id)| running.contains_key(id));
-        }
+        self.expire_queued(now);
+        self.ready.shrink();
+        self.calls.compact();
     }
 
-    /// The earliest deadline of a running call.
+    /// The earliest deadline of an outstanding call.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines
-            .iter()
-            .find(|(_, id)| self.running.contains_key(id))
-            .map(|&(deadline, _)| deadline)
+        self.calls.next_deadline()
     }
 
     /// Forces the verdict of `keys` to miss after a failed load, so the
@@ -1394,15 +492,13 @@ impl Ledger {
             self.counters.forced_misses += 1;
             debug_assert_eq!(state.status().orphan(), cold.refs == 0);
             if state.status().orphan() {
-                // Kept only for a running probe's answer, which no longer
-                // matters: forget it (a late answer is then dropped).
+                // Kept only for a running probe's answer, which does not
+                // matter any more: forget it (a late answer is then dropped).
                 self.keys.remove(slot);
             } else {
-                if state.status().is(Phase::Probing)
-                    && !generation_before(state.generation(), self.batch_generation)
-                {
+                if state.status().is(Phase::Probing) && self.batch.holds(state.generation()) {
                     // Its probe in the flush batch is stale now.
-                    self.batch_dirty = true;
+                    self.batch.dirty = true;
                 }
                 state.set_phase(Phase::ForcedMiss);
             }
@@ -1413,64 +509,43 @@ impl Ledger {
     /// references are forgotten, except those whose probe is running: they
     /// stay until the answer lands.
     pub fn cleanup(&mut self, req_id: &str) {
-        let Some((id, slot)) = self.requests.remove_entry(req_id) else {
+        let Some(entry) = self.requests.remove(req_id) else {
             return;
         };
-        self.requests_by_address
-            .remove(&Arc::as_ptr(&id).cast::<u8>().addr());
-        let Some(entry) = self.request_slab.remove(slot) else {
-            return;
-        };
-        if self.last_request.serial == entry.serial {
-            self.last_request = LastRequest::NONE;
-            self.last_request_hold = None;
-        }
-        let batch_generation = self.batch_generation;
-        let mut dirty = false;
-        let mut release = |keys: &mut KeyTable, slot: Slot| {
-            if let Some((state, cold)) = keys.get_both(slot) {
-                cold.refs = cold.refs.saturating_sub(1);
-                if cold.refs > 0 {
+        let batch = &mut self.batch;
+        let mut release = |keys: &mut KeyTable, slot| {
+            let Some((state, cold)) = keys.get_both(slot) else {
+                return;
+            };
+            cold.refs = cold.refs.saturating_sub(1);
+            if cold.refs > 0 {
+                return;
+            }
+            if state.status().is(Phase::Probing) {
+                if !batch.holds(state.generation()) {
+                    // In flight: kept for its answer, which forgets it.
+                    state.set_orphan(true);
                     return;
                 }
-                if state.status().is(Phase::Probing) {
-                    if generation_before(state.generation(), batch_generation) {
-                        // In flight: kept for its answer, which forgets it.
-                        state.set_orphan(true);
-                        return;
-                    }
-                    // Its probe in the flush batch is stale now.
-                    dirty = true;
-                }
-                keys.remove(slot);
+                // Its probe in the flush batch is stale now.
+                batch.dirty = true;
             }
+            keys.remove(slot);
         };
-        for &slot in &entry.created {
+        for &slot in entry.created.iter().chain(&entry.shared.slots) {
             release(&mut self.keys, slot);
         }
-        for &slot in &entry.shared.slots {
-            release(&mut self.keys, slot);
-        }
-        self.batch_dirty |= dirty;
-        for list in [entry.created, entry.shared.slots] {
-            if list.capacity() == RUN_CAPACITY && self.spare_lists.len() < SPARE_LISTS {
-                let mut list = list;
-                list.clear();
-                self.spare_lists.push(list);
-            }
-        }
+        self.requests.recycle(entry);
         if self.keys.is_empty() {
             // Nothing refers to queued entries any more.
-            self.batch.take();
-            self.batch_dirty = false;
+            self.batch.clear();
         }
     }
 
-    /// Resolves every running call as failed, for shutdown: their keys
+    /// Resolves every outstanding call as failed, for shutdown: their keys
     /// answer miss (counted as errors).
     pub fn abandon_running(&mut self, now: Instant) {
-        let ids: Vec<CallId> = self.running.keys().copied().collect();
-        for id in ids {
+        for id in self.calls.ids() {
             self.complete(
                 id,
                 CallOutcome::Failed(TierError::new(
@@ -1482,27 +557,32 @@ impl Ledger {
             );
         }
         // Shutdown: every held-back sample is recorded now.
-        self.time_to_verdict.settle();
-        self.call_latency.settle();
+        self.counters.settle();
     }
 
-    /// Whether any key waits for a flush or a call slot, or any call runs
-    /// (cheap, unlike [`stats`](Self::stats)).
+    /// Whether any key waits for a flush or a call slot, or any call is
+    /// outstanding (cheap, unlike [`stats`](Self::stats)).
     pub fn has_pending_calls(&self) -> bool {
-        !self.running.is_empty() || self.queued_keys > 0 || !self.batch.is_empty()
+        !self.calls.is_empty() || self.ready.keys > 0 || !self.batch.is_empty()
     }
 
-    /// Number of tier calls running.
+    /// Number of tier calls outstanding: handed out, not yet completed.
+    pub fn outstanding_calls(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Number of tier calls outstanding.
+    #[deprecated(note = "renamed `outstanding_calls`: a transport may not run every call it holds")]
     pub fn running_calls(&self) -> usize {
-        self.running.len()
+        self.outstanding_calls()
     }
 
-    /// Whether the ledger holds no key, request, queued group or running call.
+    /// Whether the ledger holds no key, request, queued group or
+    /// outstanding call.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
             && self.requests.is_empty()
-            && self.requests_by_address.is_empty()
-            && self.running.is_empty()
+            && self.calls.is_empty()
             && self.ready.is_empty()
             && self.batch.is_empty()
     }
@@ -1510,433 +590,26 @@ impl Ledger {
     /// The counters and histograms as they are, for the metrics export:
     /// cheap enough for every flush (no summary, no allocation).
     pub(crate) fn metrics_view(&self) -> crate::metrics::LedgerView<'_> {
-        let c = &self.counters;
-        crate::metrics::LedgerView {
-            lookups: c.lookups,
-            hits: c.hits,
-            misses: c.misses,
-            errors: c.errors,
-            timeouts: c.timeouts,
-            deferred: c.deferred,
-            forced_misses: c.forced_misses,
-            stale_results_dropped: c.stale_results_dropped,
-            late_answers_dropped: c.late_answers_dropped,
-            calls_started: c.calls_started,
-            calls_finished: c.calls_finished,
-            calls_in_flight: self.running.len(),
+        self.counters.view(Gauges {
+            calls_in_flight: self.calls.len(),
+            calls_waiting: 0,
             tracked_keys: self.keys.len(),
-            queued_keys: self.queued_keys + self.batch.len,
-            time_to_verdict: &self.time_to_verdict,
-            tier_call_latency: &self.call_latency,
-        }
+            queued_keys: self.ready.keys + self.batch.len,
+        })
     }
 
-    /// A snapshot of the counters and histograms.
+    /// A snapshot of the counters and histograms. The ledger counts every
+    /// outstanding call in `calls_in_flight` (it cannot tell one running
+    /// from one its transport queued) and none in `calls_waiting`.
     pub fn stats(&self) -> ManagerStats {
-        let c = &self.counters;
         ManagerStats {
             tier: self.tier.to_string(),
-            lookups: c.lookups,
-            hits: c.hits,
-            misses: c.misses,
-            errors: c.errors,
-            timeouts: c.timeouts,
-            forced_misses: c.forced_misses,
-            stale_results_dropped: c.stale_results_dropped,
-            late_answers_dropped: c.late_answers_dropped,
-            deferred: c.deferred,
-            calls_started: c.calls_started,
-            calls_finished: c.calls_finished,
+            calls_in_flight: self.calls.len(),
             tracked_keys: self.keys.len(),
-            in_flight_keys: self.running.values().map(|c| c.probes.len()).sum(),
-            queued_keys: self.queued_keys + self.batch.len,
+            in_flight_keys: self.calls.keys(),
+            queued_keys: self.ready.keys + self.batch.len,
             tracked_requests: self.requests.len(),
-            tier_call_latency: self.call_latency.summary(),
-            time_to_verdict: self.time_to_verdict.summary(),
-            first_error: c.first_error.clone(),
+            ..self.counters.stats()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ledger() -> Ledger {
-        Ledger::new(&ManagerConfig::named("test"))
-    }
-
-    fn answer_all(l: &mut Ledger, now: Instant) {
-        l.flush(now);
-        while let Some(call) = l.next_call(now) {
-            let found = vec![true; call.keys.len()];
-            l.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
-        }
-    }
-
-    #[test]
-    fn request_serials_wrap_without_sharing_a_serial() {
-        let mut l = ledger();
-        l.set_next_serial(NO_REQUEST - 2);
-        let now = Instant::now();
-        let mut lazy = LazyNow::at(now);
-        let key = OffloadKey::new(b"shared");
-        let other = OffloadKey::new(b"other");
-        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-        // a creates the key (serial MAX-2), b shares it (MAX-1).
-        l.lookup(&key, &a, &mut lazy).unwrap();
-        l.lookup(&key, &b, &mut lazy).unwrap();
-        answer_all(&mut l, now);
-        // c is the first request past the wrap: live requests are renumbered
-        // (a → 0, b → 1) and c gets 2, so c's marks cannot be taken for a's.
-        let c = ReqContext::new("c");
-        assert_eq!(l.lookup(&key, &c, &mut lazy), Ok(LookupVerdict::Hit));
-        assert_eq!(l.lookup(&other, &c, &mut lazy), Ok(LookupVerdict::Pending));
-        // A fourth request after renumbering gets a fresh serial too.
-        let d = ReqContext::new("d");
-        assert_eq!(l.lookup(&key, &d, &mut lazy), Ok(LookupVerdict::Hit));
-        // The creator asks again after the renumbering: it must not take a
-        // second reference that outlives its cleanup.
-        assert_eq!(l.lookup(&key, &a, &mut lazy), Ok(LookupVerdict::Hit));
-        answer_all(&mut l, now);
-        for (req, tracked) in [("a", 2), ("b", 2), ("d", 2), ("c", 0)] {
-            l.cleanup(req);
-            assert_eq!(l.stats().tracked_keys, tracked, "after cleanup of {req}");
-        }
-        assert!(l.is_empty());
-    }
-
-    #[test]
-    fn time_to_verdict_runs_from_each_keys_flush_to_its_first_answer() {
-        let cfg = ManagerConfig {
-            max_calls_in_flight: 1,
-            failure_backoff_ms: 5,
-            ..ManagerConfig::named("test")
-        };
-        let mut l = Ledger::new(&cfg);
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let key = |i: u8| OffloadKey::new(&[i; 36]);
-        // (samples, largest in ms): the histogram keeps 3 significant digits.
-        let ttv = |l: &Ledger| {
-            let s = l.stats().time_to_verdict;
-            (s.count, (s.max_us + 5) / 1000)
-        };
-        let start = |l: &mut Ledger, at: Duration| {
-            let mut calls = Vec::new();
-            l.flush_and_start(t0 + at, &mut calls);
-            calls
-        };
-        // a's two keys start at once; b's key waits for the only call slot.
-        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-        for i in [1, 2] {
-            l.lookup(&key(i), &a, &mut LazyNow::at(t0)).unwrap();
-        }
-        let first = start(&mut l, ms(0)).pop().expect("a's call");
-        l.lookup(&key(3), &b, &mut LazyNow::at(t0 + ms(1))).unwrap();
-        assert!(start(&mut l, ms(1)).is_empty(), "the slot is taken");
-        // a's answer at 3 ms: two first verdicts, 3 ms after their flush.
-        l.complete(
-            first.id,
-            CallOutcome::Answered(vec![true, false]),
-            ms(3),
-            t0 + ms(3),
-        );
-        assert_eq!(ttv(&l), (2, 3));
-        // b's key, queued at 1 ms, answered at 10 ms: 9 ms, its own flush.
-        let second = l.next_call(t0 + ms(4)).expect("b's call");
-        l.complete(
-            second.id,
-            CallOutcome::Answered(vec![true]),
-            ms(6),
-            t0 + ms(10),
-        );
-        assert_eq!(ttv(&l), (3, 9));
-        // A failure is a first verdict too (a miss, counted as an error)...
-        let c = ReqContext::new("c");
-        l.lookup(&key(4), &c, &mut LazyNow::at(t0 + ms(10)))
-            .unwrap();
-        let failing = start(&mut l, ms(10)).pop().expect("c's call");
-        let err = TierError::new(TierErrorKind::Unavailable, "down");
-        l.complete(failing.id, CallOutcome::Failed(err), ms(2), t0 + ms(12));
-        assert_eq!(ttv(&l).0, 4);
-        // ...and its re-check past the back-off is not: c had its miss.
-        let mut later = LazyNow::at(t0 + ms(20));
-        assert_eq!(l.lookup(&key(4), &c, &mut later), Ok(LookupVerdict::Miss));
-        let recheck = start(&mut l, ms(20)).pop().expect("the re-check");
-        l.complete(
-            recheck.id,
-            CallOutcome::Answered(vec![true]),
-            ms(1),
-            t0 + ms(21),
-        );
-        assert_eq!(l.lookup(&key(4), &c, &mut later), Ok(LookupVerdict::Hit));
-        assert_eq!(ttv(&l).0, 4);
-        // Nor is the answer for a key whose request left while it ran.
-        let d = ReqContext::new("d");
-        l.lookup(&key(5), &d, &mut LazyNow::at(t0 + ms(21)))
-            .unwrap();
-        let orphan = start(&mut l, ms(21)).pop().expect("d's call");
-        l.cleanup("d");
-        l.complete(
-            orphan.id,
-            CallOutcome::Answered(vec![true]),
-            ms(1),
-            t0 + ms(30),
-        );
-        assert_eq!(ttv(&l).0, 4);
-        assert_eq!(l.stats().tracked_keys, 4, "d's key is forgotten");
-    }
-
-    #[test]
-    fn a_request_sharing_many_keys_holds_each_once() {
-        let mut l = ledger();
-        let now = Instant::now();
-        let mut lazy = LazyNow::at(now);
-        let keys: Vec<OffloadKey> = (0..2 * SHARED_COMPACT_MIN as u32 + 3)
-            .map(|i| OffloadKey::new(&i.to_be_bytes()))
-            .collect();
-        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-        // a creates every key; b shares them, and both ask again in turns,
-        // as waiting requests do every step, b in an order that changes
-        // every round (its cursor loses track): such an ask of b after a's
-        // takes one more reference, and compaction must release the extra
-        // ones so b's list stays within twice its keys.
-        for round in 0..20 {
-            for ctx in [&a, &b] {
-                let reversed = ctx.req_id() == "b" && round % 2 == 1;
-                let order: Vec<&OffloadKey> = if reversed {
-                    keys.iter().rev().collect()
-                } else {
-                    keys.iter().collect()
-                };
-                for key in order {
-                    l.lookup(key, ctx, &mut lazy).unwrap();
-                }
-            }
-            if round == 0 {
-                answer_all(&mut l, now);
-            }
-            let b_slot = l.requests["b"];
-            let held = l.request_slab.get(b_slot).unwrap().shared.slots.len();
-            assert!(
-                held <= 2 * keys.len(),
-                "round {round}: b holds {held} entries"
-            );
-        }
-        let refs: Vec<u32> = keys
-            .iter()
-            .map(|k| l.keys.cold(l.keys.find(k).unwrap()).unwrap().refs)
-            .collect();
-        assert!(refs.iter().all(|&r| (2..=3).contains(&r)), "{refs:?}");
-        l.cleanup("b");
-        assert_eq!(
-            l.stats().tracked_keys,
-            keys.len(),
-            "a still refers to every key"
-        );
-        l.cleanup("a");
-        assert!(l.is_empty(), "{:?}", l.stats());
-    }
-
-    fn forty_keys() -> Vec<OffloadKey> {
-        (0..40u32)
-            .map(|i| OffloadKey::new(&i.to_be_bytes()))
-            .collect()
-    }
-
-    /// Each of the `sharers` has one entry per key on its shared list, and
-    /// each key `refs` references.
-    fn assert_each_shared_key_held_once(
-        l: &Ledger,
-        sharers: &[&str],
-        keys: &[OffloadKey],
-        refs: u32,
-    ) {
-        for name in sharers {
-            let slot = l.requests[*name];
-            let held = l.request_slab.get(slot).unwrap().shared.slots.len();
-            assert_eq!(held, keys.len(), "{name} holds {held} entries");
-        }
-        for key in keys {
-            let cold = l.keys.cold(l.keys.find(key).unwrap()).unwrap();
-            assert_eq!(cold.refs, refs);
-        }
-    }
-
-    #[test]
-    fn a_sharer_asking_in_its_usual_order_takes_one_reference() {
-        let (mut l, now, keys) = (ledger(), Instant::now(), forty_keys());
-        let mut lazy = LazyNow::at(now);
-        let ctxs: Vec<ReqContext> = ["a", "b", "c", "d"]
-            .into_iter()
-            .map(ReqContext::new)
-            .collect();
-        // Four requests share every key and ask in turns, in the same order
-        // each round (w2's shape): the sharers find their keys at their
-        // cursors (the front again when a round starts) and take no
-        // reference twice.
-        for round in 0..6 {
-            for ctx in &ctxs {
-                for key in &keys {
-                    l.lookup(key, ctx, &mut lazy).unwrap();
-                }
-            }
-            if round == 0 {
-                answer_all(&mut l, now);
-            }
-        }
-        assert_each_shared_key_held_once(&l, &["b", "c", "d"], &keys, 4);
-        for ctx in &ctxs[..3] {
-            l.cleanup(ctx.req_id());
-        }
-        assert_eq!(l.stats().tracked_keys, keys.len(), "d still holds them");
-        l.cleanup("d");
-        assert!(l.is_empty(), "{:?}", l.stats());
-    }
-
-    #[test]
-    fn a_sharer_asking_for_each_key_twice_in_a_row_takes_one_reference() {
-        let (mut l, now, keys) = (ledger(), Instant::now(), forty_keys());
-        let mut lazy = LazyNow::at(now);
-        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-        // `b` shares `a`'s keys and asks for each one twice in a row (a
-        // prefix scan, then a lookup of the same key): the second ask of a
-        // key it found at its cursor is the same request asking again.
-        for round in 0..6 {
-            for key in &keys {
-                l.lookup(key, &a, &mut lazy).unwrap();
-            }
-            for key in &keys {
-                l.lookup(key, &b, &mut lazy).unwrap();
-                l.lookup(key, &b, &mut lazy).unwrap();
-            }
-            if round == 0 {
-                answer_all(&mut l, now);
-            }
-        }
-        assert_each_shared_key_held_once(&l, &["b"], &keys, 2);
-        l.cleanup("a");
-        l.cleanup("b");
-        assert!(l.is_empty(), "{:?}", l.stats());
-    }
-
-    #[test]
-    fn a_sharer_asking_for_failed_keys_in_its_usual_order_takes_one_reference() {
-        let (mut l, now, keys) = (ledger(), Instant::now(), forty_keys());
-        let mut lazy = LazyNow::at(now);
-        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-        // Every probe fails; within the back-off each lookup answers miss
-        // through the failed-key path, which checks membership again.
-        for round in 0..6 {
-            for ctx in [&a, &b] {
-                for key in &keys {
-                    l.lookup(key, ctx, &mut lazy).unwrap();
-                }
-            }
-            if round == 0 {
-                l.flush(now);
-                while let Some(call) = l.next_call(now) {
-                    let failed = TierError::new(TierErrorKind::Unavailable, "down");
-                    l.complete(call.id, CallOutcome::Failed(failed), Duration::ZERO, now);
-                }
-            }
-        }
-        assert_each_shared_key_held_once(&l, &["b"], &keys, 2);
-        l.cleanup("a");
-        l.cleanup("b");
-        assert!(l.is_empty(), "{:?}", l.stats());
-    }
-
-    #[test]
-    fn keys_topping_up_a_queued_group_time_out_at_their_own_deadline() {
-        let cfg = ManagerConfig {
-            call_timeout_ms: 100,
-            max_calls_in_flight: 1,
-            ..ManagerConfig::named("test")
-        };
-        let mut l = Ledger::new(&cfg);
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-        let key = |i: u8| OffloadKey::new(&[i; 36]);
-        // a's call takes the only slot; b's first key waits in a group.
-        l.lookup(&key(1), &a, &mut LazyNow::at(t0)).unwrap();
-        l.flush(t0);
-        let running = l.next_call(t0).expect("a call for a");
-        l.lookup(&key(2), &b, &mut LazyNow::at(t0)).unwrap();
-        l.flush(t0);
-        assert!(l.next_call(t0).is_none(), "the only call slot is taken");
-        // 60 ms later b's second key tops up the same waiting group.
-        l.lookup(&key(3), &b, &mut LazyNow::at(t0 + ms(60)))
-            .unwrap();
-        l.flush(t0 + ms(60));
-        // a's call answers at 50 ms: keep its key out of the way.
-        l.complete(
-            running.id,
-            CallOutcome::Answered(vec![true]),
-            ms(1),
-            t0 + ms(50),
-        );
-        let verdict = |l: &mut Ledger, i: u8, at: Duration| {
-            l.lookup(&key(i), &b, &mut LazyNow::at(t0 + at)).unwrap()
-        };
-        // At 100 ms only the key flushed at 0 has waited a whole timeout.
-        l.expire(t0 + ms(100));
-        assert_eq!(l.stats().timeouts, 1);
-        assert_eq!(verdict(&mut l, 2, ms(100)), LookupVerdict::Miss);
-        assert_eq!(verdict(&mut l, 3, ms(100)), LookupVerdict::Pending);
-        l.expire(t0 + ms(159));
-        assert_eq!(l.stats().timeouts, 1);
-        l.expire(t0 + ms(160));
-        assert_eq!(l.stats().timeouts, 2);
-        assert_eq!(verdict(&mut l, 3, ms(160)), LookupVerdict::Miss);
-    }
-
-    #[test]
-    fn a_context_with_a_registered_id_but_its_own_arc_is_never_taken_for_another() {
-        let mut l = ledger();
-        let now = Instant::now();
-        let mut lazy = LazyNow::at(now);
-        let key = |i: u8| OffloadKey::new(&[i; 36]);
-        let a = ReqContext::new("req-a");
-        l.lookup(&key(1), &a, &mut lazy).unwrap();
-        // The same request through a context of its own (another `Arc` with
-        // the same id), which the caller then drops.
-        let again = ReqContext::new("req-a");
-        l.lookup(&key(2), &again, &mut lazy).unwrap();
-        drop(again);
-        // New requests with ids of the same length: one may be allocated
-        // where the dropped id was, were the ledger not keeping it.
-        for (i, id) in ["req-b", "req-c", "req-d", "req-e"].into_iter().enumerate() {
-            let i = i as u8;
-            let other = ReqContext::new(id);
-            l.lookup(&key(10 + i), &other, &mut lazy).unwrap();
-            l.cleanup(other.req_id());
-            assert_eq!(l.stats().tracked_keys, 2, "{id} held only its own key");
-        }
-        assert_eq!(l.stats().tracked_requests, 1);
-        l.cleanup("req-a");
-        assert!(l.is_empty(), "{:?}", l.stats());
-    }
-
-    #[test]
-    fn requests_after_a_wrap_still_share_and_release() {
-        let mut l = ledger();
-        l.set_next_serial(NO_REQUEST - 1);
-        let now = Instant::now();
-        let mut lazy = LazyNow::at(now);
-        let key = OffloadKey::new(b"k");
-        for r in 0..5 {
-            let ctx = ReqContext::new(format!("r{r}"));
-            l.lookup(&key, &ctx, &mut lazy).unwrap();
-        }
-        answer_all(&mut l, now);
-        for r in 0..4 {
-            l.cleanup(&format!("r{r}"));
-            assert_eq!(l.stats().tracked_keys, 1, "r4 still refers to the key");
-        }
-        l.cleanup("r4");
-        assert!(l.is_empty());
     }
 }
