@@ -42,7 +42,11 @@
 //!   index, reading no payload.
 //! - **One writer.** A lock file keeps a second process (or a second
 //!   `DiskTier` in this one) from opening the same directory. No other
-//!   program may write into the directory.
+//!   program may write into the directory. A process forked from the one
+//!   that opened the tier may look up and load, but its stores, removals
+//!   and `close` fail with [`DiskError::Forked`]: the files are the
+//!   parent's, and an append of the child's would be overwritten by the
+//!   parent's next one.
 //!
 //! ```
 //! use kvtier_core::{OffloadKey, ReqContext, Tier};
@@ -193,7 +197,7 @@ pub struct DiskTier {
     pause: pause::PauseHook,
     missing_segment_keys: u64,
     /// Last, so it is released after everything else has closed.
-    _lock: DirLock,
+    dir_lock: DirLock,
 }
 
 /// The directory's writer lock. Dropping it unlocks explicitly: closing the
@@ -222,6 +226,20 @@ impl DirLock {
     /// Whether this process took the lock (not a child forked since).
     fn held_here(&self) -> bool {
         std::process::id() == self.owner
+    }
+
+    /// `Ok` in the process that took the lock, [`DiskError::Forked`] in a
+    /// child forked since: every change to the files checks this first.
+    fn check_owner(&self) -> Result<(), DiskError> {
+        let pid = std::process::id();
+        if pid == self.owner {
+            Ok(())
+        } else {
+            Err(DiskError::Forked {
+                owner: self.owner,
+                pid,
+            })
+        }
     }
 }
 
@@ -357,7 +375,7 @@ impl DiskTier {
         let total_bytes = segments.values().sum();
         let tier = Self {
             dir,
-            _lock: lock,
+            dir_lock: lock,
             index: RwLock::new(index),
             writer: Mutex::new(Writer {
                 active_id: next_id,
@@ -462,8 +480,10 @@ impl DiskTier {
     /// recount it. Dropping the tier does this too, ignoring errors.
     ///
     /// # Errors
-    /// [`DiskError::Io`] naming the file.
+    /// [`DiskError::Io`] naming the file; [`DiskError::Forked`] in a process
+    /// forked from the one that opened the tier.
     pub fn close(&self) -> Result<(), DiskError> {
+        self.dir_lock.check_owner()?;
         let writer = lock(&self.writer);
         self.sync_locked(&writer)?;
         self.write_index().set_clean(true)
@@ -506,7 +526,7 @@ impl Drop for DiskTier {
     fn drop(&mut self) {
         // In a process forked from the one that opened the tier, the files
         // and their lock are the parent's: leave them as they are.
-        if !self._lock.held_here() {
+        if !self.dir_lock.held_here() {
             return;
         }
         if let Err(err) = self.close() {

@@ -133,6 +133,10 @@ impl DiskTier {
     fn failed_load(&self, key: &OffloadKey, location: &Location, path: &Path, reason: &str) {
         tracing::warn!(segment = %path.display(), offset = location.offset, %reason, "corrupt record; removing its key");
         self.counters.corrupt_loads.fetch_add(1, Ordering::Relaxed);
+        if self.dir_lock.check_owner().is_err() {
+            // A forked child reads the parent's index but never changes it.
+            return;
+        }
         // Index changes are the writer's: wait for it (a rehash in
         // progress, at worst; this is the rare path).
         let _writer = lock(&self.writer);

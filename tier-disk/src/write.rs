@@ -30,7 +30,9 @@ impl DiskTier {
     ///
     /// # Errors
     /// [`DiskError::WrongKeySize`], [`DiskError::PayloadTooLarge`],
-    /// [`DiskError::DiskFull`] or [`DiskError::Io`]; on error nothing is published.
+    /// [`DiskError::DiskFull`] or [`DiskError::Io`]; [`DiskError::Forked`]
+    /// in a process forked from the one that opened the tier. On error
+    /// nothing is published.
     pub fn store_blocking(&self, key: &OffloadKey, payload: &[u8]) -> Result<(), DiskError> {
         self.store_batch(&[(key, payload)])
     }
@@ -66,6 +68,7 @@ impl DiskTier {
         if blocks.is_empty() {
             return Ok(());
         }
+        self.dir_lock.check_owner()?;
         let mut writer = lock(&self.writer);
         // Grow first: a rehash that fails (a full disk) has appended no
         // record, so nothing is published and a rebuild finds nothing either.
@@ -155,7 +158,8 @@ impl DiskTier {
     /// bring it back.
     ///
     /// # Errors
-    /// [`DiskError::WrongKeySize`], [`DiskError::DiskFull`] or [`DiskError::Io`].
+    /// [`DiskError::WrongKeySize`], [`DiskError::DiskFull`] or
+    /// [`DiskError::Io`]; [`DiskError::Forked`] in a forked child.
     pub fn remove_blocking(&self, key: &OffloadKey) -> Result<bool, DiskError> {
         Ok(self.remove_batch(&[key])?.contains(&true))
     }
@@ -176,6 +180,7 @@ impl DiskTier {
         for key in keys {
             self.check_key(key)?;
         }
+        self.dir_lock.check_owner()?;
         let present = || {
             let live = self.live();
             let index = self.read_index();
