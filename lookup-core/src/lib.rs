@@ -126,7 +126,7 @@ pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
 pub use runtime::Spawner;
 pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
-pub use store::{BlockStore, DynBlockStore};
+pub use store::{BlockOutcome, BlockStore, DynBlockStore, LengthMismatch, SharedTierError};
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
 pub use verdict::{LookupVerdict, PrefixVerdict};
 pub use worker::{WakeHook, current_call};

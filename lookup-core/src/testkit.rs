@@ -1,7 +1,8 @@
 //! The tier conformance suite: one set of tests, run by every tier crate.
 //!
 //! Each check is a plain `async fn` taking a [`Fixture`], which wraps the
-//! store under test; every write goes through [`BlockStore`]. Checks panic (with a
+//! store under test; every write goes through [`BlockStore`], the in-place
+//! batch forms included ([`batch_forms`]). Checks panic (with a
 //! message naming the tier and the broken rule) when the tier breaks the
 //! [`Tier`] contract, as tests do. Keys are unique per process and call, so
 //! the suite can run against a shared server that keeps data between runs.
@@ -27,7 +28,12 @@ use crate::{
     ReqContext, Tier, TierError,
 };
 
+mod batch;
 mod fault;
+pub use batch::{
+    CANARY, batch_absent_keys, batch_duplicates, batch_empty, batch_forms, batch_round_trip,
+    batch_wrong_length_regions, block_of,
+};
 pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
 
 /// A store under test, as the conformance checks see it: the store, the key
@@ -496,5 +502,6 @@ pub async fn run_all<S: BlockStore>(fixture: &Fixture<S>) {
     stored_blocks_load_back(fixture).await;
     load_many_follows_key_order(fixture).await;
     removal_is_idempotent(fixture).await;
+    batch_forms(fixture).await;
     through_manager(fixture).await;
 }

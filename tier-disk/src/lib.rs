@@ -65,6 +65,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+mod append;
 mod config;
 mod error;
 mod evict;
@@ -74,6 +75,7 @@ mod index;
 mod pause;
 mod read;
 mod rebuild;
+mod vectored;
 mod write;
 
 use std::collections::{BTreeMap, HashMap};
@@ -82,7 +84,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError};
+use kvtier_core::{
+    BlockOutcome, BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError,
+};
 use serde::Serialize;
 
 pub use config::{DiskConfig, FsyncPolicy};
@@ -540,7 +544,9 @@ impl Drop for DiskTier {
 /// not wait for that): the futures do that work when first polled, on the
 /// caller's thread. The batched forms take the writer lock and the index
 /// lock once per batch, and fsync once per batch under
-/// [`FsyncPolicy::Always`].
+/// [`FsyncPolicy::Always`]. The in-place forms write each segment's share
+/// of a batch with one `pwritev` from the caller's blocks and read each
+/// payload with one `preadv` into its region.
 impl BlockStore for DiskTier {
     async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
         self.store_blocking(key, block).map_err(TierError::from)
@@ -566,6 +572,19 @@ impl BlockStore for DiskTier {
         self.remove_many_blocking(keys)
             .map(drop)
             .map_err(TierError::from)
+    }
+
+    async fn store_batch(&self, blocks: &[(&OffloadKey, &[u8])]) -> Vec<BlockOutcome> {
+        self.store_batch_blocking(blocks)
+    }
+
+    async fn load_batch(&self, regions: &mut [(&OffloadKey, &mut [u8])]) -> Vec<BlockOutcome> {
+        self.load_batch_blocking(regions)
+    }
+
+    /// `true`: reads and writes are local file I/O on the polling thread.
+    fn io_blocks_thread(&self) -> bool {
+        true
     }
 
     /// Named `disk` unless `config` names it; accepts the tier's key length.
