@@ -199,8 +199,8 @@ pub trait BlockStore: Tier {
 
     /// Whether this store's futures do their I/O on the thread that polls
     /// them, blocking it (a local disk's reads and writes), rather than
-    /// waiting on the runtime. A transfer queue then runs its jobs on the
-    /// runtime's blocking threads. The provided
+    /// waiting on the runtime. A [`TransferQueue`](crate::TransferQueue)
+    /// then runs its jobs on the runtime's blocking threads. The provided
     /// form answers `false`.
     fn io_blocks_thread(&self) -> bool {
         false

@@ -16,7 +16,9 @@
 //! ```
 //!
 //! [`FaultTier`] is a tier that injects latency and faults, for tests of
-//! code built on the manager.
+//! code built on the manager; [`MemStore`] a block store whose copies can
+//! be slowed, failed, hung or made to panic, for tests of code that moves
+//! blocks (the [`TransferQueue`](crate::TransferQueue)).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,11 +32,13 @@ use crate::{
 
 mod batch;
 mod fault;
+mod mem_store;
 pub use batch::{
     CANARY, batch_absent_keys, batch_duplicates, batch_empty, batch_forms, batch_round_trip,
     batch_wrong_length_regions, block_of,
 };
 pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
+pub use mem_store::MemStore;
 
 /// A store under test, as the conformance checks see it: the store, the key
 /// length it accepts and a name for messages.
