@@ -292,12 +292,18 @@ impl DiskTier {
         })
     }
 
+    /// Closes the active segment and starts the next. Under
+    /// [`FsyncPolicy::Always`] the closed segment is synced first (its
+    /// stores were acknowledged as durable); under `Never` it is left to
+    /// the operating system, as every store of that policy is.
     pub(crate) fn roll(&self, writer: &mut Writer) -> Result<(), DiskError> {
         let old = self.dir.join(segment_name(writer.active_id));
-        writer
-            .active
-            .sync_all()
-            .map_err(|e| DiskError::io("sync segment", &old, e))?;
+        if self.config.fsync == FsyncPolicy::Always {
+            writer
+                .active
+                .sync_all()
+                .map_err(|e| DiskError::io("sync segment", &old, e))?;
+        }
         let id = writer
             .active_id
             .checked_add(1)
