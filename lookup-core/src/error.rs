@@ -26,6 +26,12 @@ pub enum TierErrorKind {
     Corrupt,
     /// The tier answered with a different number of results than keys.
     WrongResultCount,
+    /// A stored block's length differs from the region it was to be loaded
+    /// into (see [`LengthMismatch`](crate::LengthMismatch)).
+    LengthMismatch,
+    /// The operation was cancelled before it started (a transfer job still
+    /// queued when the queue drained or shut down).
+    Cancelled,
     /// The tier's future panicked.
     Panicked,
     /// Anything else.
@@ -37,7 +43,12 @@ impl TierErrorKind {
     pub fn is_transient(self) -> bool {
         matches!(
             self,
-            Self::Unavailable | Self::Timeout | Self::Throttled | Self::Other | Self::Panicked
+            Self::Unavailable
+                | Self::Timeout
+                | Self::Throttled
+                | Self::Other
+                | Self::Panicked
+                | Self::Cancelled
         )
     }
 
@@ -51,6 +62,8 @@ impl TierErrorKind {
             Self::InvalidInput => "invalid_input",
             Self::Corrupt => "corrupt",
             Self::WrongResultCount => "wrong_result_count",
+            Self::LengthMismatch => "length_mismatch",
+            Self::Cancelled => "cancelled",
             Self::Panicked => "panicked",
             Self::Other => "other",
         }

@@ -113,6 +113,7 @@ mod stack;
 mod stats;
 mod store;
 mod tier;
+pub mod transfer;
 mod verdict;
 mod worker;
 
@@ -126,7 +127,11 @@ pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
 pub use runtime::Spawner;
 pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
-pub use store::{BlockStore, DynBlockStore};
+pub use store::{BlockOutcome, BlockStore, DynBlockStore, LengthMismatch, SharedTierError};
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
+pub use transfer::{
+    DrainReport, HostAllocError, HostBuffer, HostMemory, JobId, JobKind, JobReport, Region,
+    SubmitError, TransferConfig, TransferJob, TransferQueue, TransferStatus,
+};
 pub use verdict::{LookupVerdict, PrefixVerdict};
 pub use worker::{WakeHook, current_call};

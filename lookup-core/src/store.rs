@@ -1,10 +1,13 @@
-//! [`BlockStore`]: one interface to store, load and remove blocks in any tier.
+//! [`BlockStore`]: one interface to store, load and remove blocks in any
+//! tier, one key at a time or in batches copied straight between the
+//! caller's memory and the tier ([`BlockOutcome`] per key).
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
 use crate::config::ManagerConfig;
-use crate::error::{ManagerError, TierError};
+use crate::error::{ManagerError, TierError, TierErrorKind};
 use crate::key::OffloadKey;
 use crate::manager::AsyncLookupManager;
 use crate::runtime::Spawner;
@@ -37,6 +40,16 @@ use crate::tier::{BoxFuture, Tier};
 /// - The batched forms answer or act per position; the provided ones loop
 ///   over the single forms, and tiers override them with one round trip
 ///   (a Redis pipeline, concurrent S3 requests, one index lock).
+/// - The in-place batch forms, [`store_batch`](Self::store_batch) and
+///   [`load_batch`](Self::load_batch), answer one [`BlockOutcome`] per
+///   position, in order, and never fail as a whole: a batch the tier could
+///   not run at all (a server down) answers every key
+///   [`Failed`](BlockOutcome::Failed) with one shared error. Duplicates are
+///   acted on at every position (a later store of a key wins). A load
+///   writes only inside the regions it is given; a stored block whose
+///   length differs from its region's is
+///   [`TierErrorKind::LengthMismatch`] for that key (with a
+///   [`LengthMismatch`] source), and the region is left as it was.
 /// - Futures must be cancellation safe in the sense of [`Tier`]: dropping one
 ///   leaves the tier usable (a dropped `store` may or may not have stored).
 ///
@@ -110,6 +123,87 @@ pub trait BlockStore: Tier {
             }
             Ok(blocks)
         }
+    }
+
+    /// Stores each `(key, block)` of `blocks`, borrowed from the caller, and
+    /// answers one [`BlockOutcome`] per position, in order:
+    /// [`Done`](BlockOutcome::Done) once the block is stored as
+    /// [`store`](Self::store) promises, or
+    /// [`Failed`](BlockOutcome::Failed) when it may not be. Never
+    /// [`Absent`](BlockOutcome::Absent). A key repeated in the batch ends
+    /// with its last block.
+    ///
+    /// The provided form stores the blocks in turn with
+    /// [`store`](Self::store); tiers override it with their native batch
+    /// (one append, one pipeline, concurrent requests).
+    ///
+    /// # Cancellation safety
+    /// Dropping the future part way leaves every key stored or not, as a
+    /// dropped [`store`](Self::store) does.
+    fn store_batch(
+        &self,
+        blocks: &[(&OffloadKey, &[u8])],
+    ) -> impl Future<Output = Vec<BlockOutcome>> + Send {
+        async move {
+            let mut outcomes = Vec::with_capacity(blocks.len());
+            for &(key, block) in blocks {
+                outcomes.push(match self.store(key, block).await {
+                    Ok(()) => BlockOutcome::Done,
+                    Err(err) => BlockOutcome::failed(err),
+                });
+            }
+            outcomes
+        }
+    }
+
+    /// Loads the block of each key into its region, caller-owned memory of
+    /// exactly the block's length, and answers one [`BlockOutcome`] per
+    /// position, in order: [`Done`](BlockOutcome::Done) when the region
+    /// holds the block, byte for byte; [`Absent`](BlockOutcome::Absent) when
+    /// no block is stored under the key (the region is left as it was);
+    /// [`Failed`](BlockOutcome::Failed) otherwise (the region's bytes are
+    /// then unspecified, except on a [`LengthMismatch`], which leaves it as
+    /// it was). Nothing is written outside the regions.
+    ///
+    /// The provided form loads the blocks in turn with
+    /// [`load`](Self::load) and copies each into its region (an allocation
+    /// per block); tiers override it to copy straight from the tier into
+    /// the region (a read from the segment file, a reply parsed in place).
+    ///
+    /// # Cancellation safety
+    /// Dropping the future part way leaves the regions of the keys not yet
+    /// answered with unspecified bytes, and the tier usable; once dropped,
+    /// nothing writes into the regions any more (they are borrowed).
+    fn load_batch(
+        &self,
+        regions: &mut [(&OffloadKey, &mut [u8])],
+    ) -> impl Future<Output = Vec<BlockOutcome>> + Send {
+        async move {
+            let mut outcomes = Vec::with_capacity(regions.len());
+            for (key, region) in regions.iter_mut() {
+                outcomes.push(match self.load(key).await {
+                    Ok(Some(block)) if block.len() == region.len() => {
+                        region.copy_from_slice(&block);
+                        BlockOutcome::Done
+                    }
+                    Ok(Some(block)) => {
+                        BlockOutcome::failed(LengthMismatch::error(block.len(), region.len()))
+                    }
+                    Ok(None) => BlockOutcome::Absent,
+                    Err(err) => BlockOutcome::failed(err),
+                });
+            }
+            outcomes
+        }
+    }
+
+    /// Whether this store's futures do their I/O on the thread that polls
+    /// them, blocking it (a local disk's reads and writes), rather than
+    /// waiting on the runtime. A [`TransferQueue`](crate::TransferQueue)
+    /// then runs its jobs on the runtime's blocking threads. The provided
+    /// form answers `false`.
+    fn io_blocks_thread(&self) -> bool {
+        false
     }
 
     /// Removes every key's block; the provided form removes them in turn.
@@ -203,6 +297,20 @@ pub trait DynBlockStore: Send + Sync + 'static {
         &'a self,
         keys: &'a [OffloadKey],
     ) -> BoxFuture<'a, Result<(), TierError>>;
+    /// [`BlockStore::store_batch`], boxed.
+    fn store_batch_dyn<'a>(
+        &'a self,
+        blocks: &'a [(&'a OffloadKey, &'a [u8])],
+    ) -> BoxFuture<'a, Vec<BlockOutcome>>;
+    /// [`BlockStore::load_batch`], boxed.
+    fn load_batch_dyn<'a, 'r>(
+        &'a self,
+        regions: &'a mut [(&'r OffloadKey, &'r mut [u8])],
+    ) -> BoxFuture<'a, Vec<BlockOutcome>>
+    where
+        'r: 'a;
+    /// [`BlockStore::io_blocks_thread`].
+    fn io_blocks_thread_dyn(&self) -> bool;
 }
 
 impl<S: BlockStore> DynBlockStore for S {
@@ -240,4 +348,99 @@ impl<S: BlockStore> DynBlockStore for S {
     ) -> BoxFuture<'a, Result<(), TierError>> {
         Box::pin(self.remove_many(keys))
     }
+    fn store_batch_dyn<'a>(
+        &'a self,
+        blocks: &'a [(&'a OffloadKey, &'a [u8])],
+    ) -> BoxFuture<'a, Vec<BlockOutcome>> {
+        Box::pin(self.store_batch(blocks))
+    }
+    fn load_batch_dyn<'a, 'r>(
+        &'a self,
+        regions: &'a mut [(&'r OffloadKey, &'r mut [u8])],
+    ) -> BoxFuture<'a, Vec<BlockOutcome>>
+    where
+        'r: 'a,
+    {
+        Box::pin(self.load_batch(regions))
+    }
+    fn io_blocks_thread_dyn(&self) -> bool {
+        self.io_blocks_thread()
+    }
 }
+
+/// A [`TierError`] shared by several keys: a batch that failed as a whole
+/// answers the same error at every position.
+pub type SharedTierError = Arc<TierError>;
+
+/// What a batch form ([`BlockStore::store_batch`],
+/// [`BlockStore::load_batch`]) did with one key.
+#[derive(Debug, Clone)]
+pub enum BlockOutcome {
+    /// Stored; or loaded, and its region holds the block byte for byte.
+    Done,
+    /// A load found no block under the key; its region is as it was.
+    /// Stores never answer this.
+    Absent,
+    /// The store may not have happened, or the load did not fill the region.
+    Failed(SharedTierError),
+}
+
+impl BlockOutcome {
+    /// `Failed(err)`.
+    pub fn failed(err: TierError) -> Self {
+        Self::Failed(Arc::new(err))
+    }
+
+    /// `n` outcomes, each `Failed` with the same `err`: how a tier answers a
+    /// batch it could not run at all.
+    pub fn all_failed(n: usize, err: TierError) -> Vec<Self> {
+        let err = Arc::new(err);
+        vec![Self::Failed(err); n]
+    }
+
+    /// Whether the key was stored or loaded.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Self::Done)
+    }
+
+    /// The error of a `Failed` outcome.
+    pub fn error(&self) -> Option<&SharedTierError> {
+        match self {
+            Self::Failed(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+/// Why a load refused a key: the stored block's length differs from its
+/// region's. The [`source`](std::error::Error::source) of the
+/// [`TierError`] (kind [`TierErrorKind::LengthMismatch`]) that
+/// [`BlockStore::load_batch`] answers for that key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LengthMismatch {
+    /// Bytes of the stored block.
+    pub stored: usize,
+    /// Bytes of the region.
+    pub region: usize,
+}
+
+impl LengthMismatch {
+    /// The [`TierError`] for a block of `stored` bytes and a region of
+    /// `region` bytes.
+    pub fn error(stored: usize, region: usize) -> TierError {
+        let mismatch = Self { stored, region };
+        TierError::new(TierErrorKind::LengthMismatch, mismatch.to_string()).with_source(mismatch)
+    }
+}
+
+impl fmt::Display for LengthMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the stored block has {} bytes, the region {}",
+            self.stored, self.region
+        )
+    }
+}
+
+impl std::error::Error for LengthMismatch {}

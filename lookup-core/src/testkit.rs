@@ -1,7 +1,8 @@
 //! The tier conformance suite: one set of tests, run by every tier crate.
 //!
 //! Each check is a plain `async fn` taking a [`Fixture`], which wraps the
-//! store under test; every write goes through [`BlockStore`]. Checks panic (with a
+//! store under test; every write goes through [`BlockStore`], the in-place
+//! batch forms included ([`batch_forms`]). Checks panic (with a
 //! message naming the tier and the broken rule) when the tier breaks the
 //! [`Tier`] contract, as tests do. Keys are unique per process and call, so
 //! the suite can run against a shared server that keeps data between runs.
@@ -15,7 +16,9 @@
 //! ```
 //!
 //! [`FaultTier`] is a tier that injects latency and faults, for tests of
-//! code built on the manager.
+//! code built on the manager; [`MemStore`] a block store whose copies can
+//! be slowed, failed, hung or made to panic, for tests of code that moves
+//! blocks (the [`TransferQueue`](crate::TransferQueue)).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,8 +30,15 @@ use crate::{
     ReqContext, Tier, TierError,
 };
 
+mod batch;
 mod fault;
+mod mem_store;
+pub use batch::{
+    CANARY, batch_absent_keys, batch_duplicates, batch_empty, batch_forms, batch_round_trip,
+    batch_wrong_length_regions, block_of,
+};
 pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
+pub use mem_store::MemStore;
 
 /// A store under test, as the conformance checks see it: the store, the key
 /// length it accepts and a name for messages.
@@ -496,5 +506,6 @@ pub async fn run_all<S: BlockStore>(fixture: &Fixture<S>) {
     stored_blocks_load_back(fixture).await;
     load_many_follows_key_order(fixture).await;
     removal_is_idempotent(fixture).await;
+    batch_forms(fixture).await;
     through_manager(fixture).await;
 }

@@ -72,6 +72,20 @@ pub enum DiskError {
         /// The lock file.
         path: PathBuf,
     },
+    /// A change (store, removal, close) asked of a tier in a process forked
+    /// from the one that opened it. The tier's files belong to the process
+    /// that opened them: a child's appends would land where its parent
+    /// writes next, and be lost. Open the directory in the child (after the
+    /// parent closes it) or send the blocks to the parent.
+    #[error(
+        "this disk tier was opened by process {owner}; process {pid}, forked from it, may read but not change it"
+    )]
+    Forked {
+        /// The process that opened the tier.
+        owner: u32,
+        /// This process.
+        pid: u32,
+    },
     /// The index was written by another format version; it is left untouched.
     #[error("index {path} has format version {found}; this build reads version {supported}")]
     IndexVersion {
@@ -152,7 +166,8 @@ impl From<DiskError> for TierError {
             DiskError::InvalidConfig { .. }
             | DiskError::Locked { .. }
             | DiskError::IndexVersion { .. }
-            | DiskError::KeyLenMismatch { .. } => TierErrorKind::Config,
+            | DiskError::KeyLenMismatch { .. }
+            | DiskError::Forked { .. } => TierErrorKind::Config,
             DiskError::CorruptIndex { .. } | DiskError::SegmentIdOutOfRange { .. } => {
                 TierErrorKind::Corrupt
             }

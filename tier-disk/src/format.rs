@@ -390,18 +390,42 @@ impl RecordHeader {
 pub fn encode_record(kind: u32, key: &[u8], payload: &[u8]) -> Vec<u8> {
     let len = record_size(key.len(), payload.len());
     let mut buf = vec![0u8; len];
-    put_u32(&mut buf, 0, RECORD_MAGIC);
-    put_u32(&mut buf, 8, kind);
-    put_u32(&mut buf, 12, key.len() as u32);
-    put_u32(&mut buf, 16, payload.len() as u32);
-    put_u32(&mut buf, 20, crc32fast::hash(payload));
-    buf[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + key.len()].copy_from_slice(key);
     let at = RECORD_HEADER_SIZE + key.len();
+    encode_record_head(
+        &mut buf[..at],
+        kind,
+        key,
+        payload.len() as u32,
+        crc32fast::hash(payload),
+    );
     buf[at..at + payload.len()].copy_from_slice(payload);
-    let crc = record_header_crc(&buf[8..RECORD_HEADER_SIZE], key);
-    put_u32(&mut buf, 4, crc);
     buf
 }
+
+/// Encodes the head of a record (its header and key) into `buf`, exactly
+/// `RECORD_HEADER_SIZE + key.len()` bytes: what precedes a payload of
+/// `payload_len` bytes whose crc32 is `payload_crc`. The payload and
+/// [`RECORD_PADDING`] bytes up to [`record_size`] follow it on disk.
+pub fn encode_record_head(
+    buf: &mut [u8],
+    kind: u32,
+    key: &[u8],
+    payload_len: u32,
+    payload_crc: u32,
+) {
+    put_u32(buf, 0, RECORD_MAGIC);
+    put_u32(buf, 8, kind);
+    put_u32(buf, 12, key.len() as u32);
+    put_u32(buf, 16, payload_len);
+    put_u32(buf, 20, payload_crc);
+    put_u64(buf, 24, 0);
+    buf[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + key.len()].copy_from_slice(key);
+    let crc = record_header_crc(&buf[8..RECORD_HEADER_SIZE], key);
+    put_u32(buf, 4, crc);
+}
+
+/// The zero bytes that pad a record to a multiple of 8.
+pub const RECORD_PADDING: [u8; 8] = [0; 8];
 
 fn record_header_crc(fields: &[u8], key: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
@@ -474,6 +498,30 @@ mod tests {
             let mut whole = tag.to_le_bytes().to_vec();
             whole.extend_from_slice(&body);
             assert_eq!(slot_crc(tag, &body), crc32fast::hash(&whole), "tag {tag}");
+        }
+    }
+
+    #[test]
+    fn a_record_written_in_pieces_is_the_encoded_record() {
+        let key = [7u8; 36];
+        for len in [0usize, 1, 5, 100, 4099] {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 31) as u8).collect();
+            let mut pieces = vec![0u8; RECORD_HEADER_SIZE + key.len()];
+            encode_record_head(
+                &mut pieces,
+                KIND_PUT,
+                &key,
+                len as u32,
+                crc32fast::hash(&payload),
+            );
+            pieces.extend_from_slice(&payload);
+            let pad = record_size(key.len(), len) - pieces.len();
+            pieces.extend_from_slice(&RECORD_PADDING[..pad]);
+            assert_eq!(
+                pieces,
+                encode_record(KIND_PUT, &key, &payload),
+                "payload of {len}"
+            );
         }
     }
 

@@ -42,7 +42,11 @@
 //!   index, reading no payload.
 //! - **One writer.** A lock file keeps a second process (or a second
 //!   `DiskTier` in this one) from opening the same directory. No other
-//!   program may write into the directory.
+//!   program may write into the directory. A process forked from the one
+//!   that opened the tier may look up and load, but its stores, removals
+//!   and `close` fail with [`DiskError::Forked`]: the files are the
+//!   parent's, and an append of the child's would be overwritten by the
+//!   parent's next one.
 //!
 //! ```
 //! use kvtier_core::{OffloadKey, ReqContext, Tier};
@@ -61,6 +65,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+mod append;
 mod config;
 mod error;
 mod evict;
@@ -70,6 +75,7 @@ mod index;
 mod pause;
 mod read;
 mod rebuild;
+mod vectored;
 mod write;
 
 use std::collections::{BTreeMap, HashMap};
@@ -78,7 +84,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError};
+use kvtier_core::{
+    BlockOutcome, BlockStore, ManagerConfig, OffloadKey, ReqContext, Tier, TierError,
+};
 use serde::Serialize;
 
 pub use config::{DiskConfig, FsyncPolicy};
@@ -193,7 +201,7 @@ pub struct DiskTier {
     pause: pause::PauseHook,
     missing_segment_keys: u64,
     /// Last, so it is released after everything else has closed.
-    _lock: DirLock,
+    dir_lock: DirLock,
 }
 
 /// The directory's writer lock. Dropping it unlocks explicitly: closing the
@@ -222,6 +230,20 @@ impl DirLock {
     /// Whether this process took the lock (not a child forked since).
     fn held_here(&self) -> bool {
         std::process::id() == self.owner
+    }
+
+    /// `Ok` in the process that took the lock, [`DiskError::Forked`] in a
+    /// child forked since: every change to the files checks this first.
+    fn check_owner(&self) -> Result<(), DiskError> {
+        let pid = std::process::id();
+        if pid == self.owner {
+            Ok(())
+        } else {
+            Err(DiskError::Forked {
+                owner: self.owner,
+                pid,
+            })
+        }
     }
 }
 
@@ -357,7 +379,7 @@ impl DiskTier {
         let total_bytes = segments.values().sum();
         let tier = Self {
             dir,
-            _lock: lock,
+            dir_lock: lock,
             index: RwLock::new(index),
             writer: Mutex::new(Writer {
                 active_id: next_id,
@@ -462,8 +484,10 @@ impl DiskTier {
     /// recount it. Dropping the tier does this too, ignoring errors.
     ///
     /// # Errors
-    /// [`DiskError::Io`] naming the file.
+    /// [`DiskError::Io`] naming the file; [`DiskError::Forked`] in a process
+    /// forked from the one that opened the tier.
     pub fn close(&self) -> Result<(), DiskError> {
+        self.dir_lock.check_owner()?;
         let writer = lock(&self.writer);
         self.sync_locked(&writer)?;
         self.write_index().set_clean(true)
@@ -506,7 +530,7 @@ impl Drop for DiskTier {
     fn drop(&mut self) {
         // In a process forked from the one that opened the tier, the files
         // and their lock are the parent's: leave them as they are.
-        if !self._lock.held_here() {
+        if !self.dir_lock.held_here() {
             return;
         }
         if let Err(err) = self.close() {
@@ -520,7 +544,9 @@ impl Drop for DiskTier {
 /// not wait for that): the futures do that work when first polled, on the
 /// caller's thread. The batched forms take the writer lock and the index
 /// lock once per batch, and fsync once per batch under
-/// [`FsyncPolicy::Always`].
+/// [`FsyncPolicy::Always`]. The in-place forms write each segment's share
+/// of a batch with one `pwritev` from the caller's blocks and read each
+/// payload with one `preadv` into its region.
 impl BlockStore for DiskTier {
     async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
         self.store_blocking(key, block).map_err(TierError::from)
@@ -546,6 +572,19 @@ impl BlockStore for DiskTier {
         self.remove_many_blocking(keys)
             .map(drop)
             .map_err(TierError::from)
+    }
+
+    async fn store_batch(&self, blocks: &[(&OffloadKey, &[u8])]) -> Vec<BlockOutcome> {
+        self.store_batch_blocking(blocks)
+    }
+
+    async fn load_batch(&self, regions: &mut [(&OffloadKey, &mut [u8])]) -> Vec<BlockOutcome> {
+        self.load_batch_blocking(regions)
+    }
+
+    /// `true`: reads and writes are local file I/O on the polling thread.
+    fn io_blocks_thread(&self) -> bool {
+        true
     }
 
     /// Named `disk` unless `config` names it; accepts the tier's key length.

@@ -1,18 +1,19 @@
 //! The read path: a load finds its key's location in the index, then reads
-//! and checks the record. A record that fails a check turns its key into a
-//! miss.
+//! the record (its payload straight into the caller's region for a batch)
+//! and checks it. A record that fails a check turns its key into a miss.
 
 use std::fs::File;
+use std::io::IoSliceMut;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use kvtier_core::OffloadKey;
+use kvtier_core::{BlockOutcome, LengthMismatch, OffloadKey};
 
-use crate::error::DiskError;
-use crate::format::{self, Location};
-use crate::{DiskTier, lock, segment_name};
+use crate::error::{DiskError, FormatError};
+use crate::format::{self, Location, RECORD_HEADER_SIZE};
+use crate::{DiskTier, lock, segment_name, vectored};
 
 impl DiskTier {
     /// Loads the payload of `key` on the calling thread, or `None` if it is
@@ -49,13 +50,7 @@ impl DiskTier {
         for key in keys {
             self.check_key(key)?;
         }
-        let live = self.live();
-        let locations: Vec<Option<Location>> = {
-            let index = self.read_index();
-            keys.iter()
-                .map(|key| index.find(key.as_bytes(), live).map(|(_, at)| at))
-                .collect()
-        };
+        let locations = self.locations(keys.iter());
         keys.iter()
             .zip(locations)
             .map(|(key, location)| match location {
@@ -65,12 +60,88 @@ impl DiskTier {
             .collect()
     }
 
-    /// Reads and checks the record the index says `key` has at `location`.
+    /// Loads each key's payload into its region, answering per key (the
+    /// synchronous form of
+    /// [`BlockStore::load_batch`](kvtier_core::BlockStore::load_batch)).
+    /// Every location is found under one index lock; each record is then
+    /// read with one `preadv`, its head into a buffer kept for the batch
+    /// and its payload straight into the region, and checked there (a
+    /// record that fails its checks is a miss, as in
+    /// [`load_blocking`](Self::load_blocking)). A payload whose length is
+    /// not the region's fails with
+    /// [`TierErrorKind::LengthMismatch`](kvtier_core::TierErrorKind::LengthMismatch)
+    /// and leaves the region untouched.
+    pub fn load_batch_blocking(
+        &self,
+        regions: &mut [(&OffloadKey, &mut [u8])],
+    ) -> Vec<BlockOutcome> {
+        let locations = self.locations(regions.iter().map(|(key, _)| *key));
+        let mut head = vec![0u8; RECORD_HEADER_SIZE + self.config.key_len];
+        regions
+            .iter_mut()
+            .zip(locations)
+            .map(|((key, region), location)| {
+                if let Err(err) = self.check_key(key) {
+                    return BlockOutcome::failed(err.into());
+                }
+                let Some(location) = location else {
+                    return BlockOutcome::Absent;
+                };
+                if location.payload_len as usize != region.len() {
+                    return BlockOutcome::failed(LengthMismatch::error(
+                        location.payload_len as usize,
+                        region.len(),
+                    ));
+                }
+                match self.read_record_into(key, &location, &mut head, region) {
+                    Ok(true) => BlockOutcome::Done,
+                    Ok(false) => BlockOutcome::Absent,
+                    Err(err) => BlockOutcome::failed(err.into()),
+                }
+            })
+            .collect()
+    }
+
+    /// Where each key's record lives (`None` for a key not stored, or of
+    /// the wrong length), found under one index lock.
+    fn locations<'k>(&self, keys: impl Iterator<Item = &'k OffloadKey>) -> Vec<Option<Location>> {
+        let live = self.live();
+        let key_len = self.config.key_len;
+        let index = self.read_index();
+        keys.map(|key| {
+            (key.len() == key_len)
+                .then(|| index.find(key.as_bytes(), live).map(|(_, at)| at))
+                .flatten()
+        })
+        .collect()
+    }
+
+    /// Reads and checks the record the index says `key` has at `location`,
+    /// into a new buffer.
     fn read_record(
         &self,
         key: &OffloadKey,
         location: &Location,
     ) -> Result<Option<Vec<u8>>, DiskError> {
+        let mut head = vec![0u8; RECORD_HEADER_SIZE + self.config.key_len];
+        let mut payload = vec![0u8; location.payload_len as usize];
+        Ok(self
+            .read_record_into(key, location, &mut head, &mut payload)?
+            .then_some(payload))
+    }
+
+    /// Reads the record the index says `key` has at `location`: its head
+    /// into `head` (`RECORD_HEADER_SIZE + key_len` bytes) and its payload
+    /// into `payload` (exactly `location.payload_len` bytes), then checks
+    /// both. `Ok(false)` when the record fails a check (the key is then a
+    /// miss; `payload` holds what was read).
+    fn read_record_into(
+        &self,
+        key: &OffloadKey,
+        location: &Location,
+        head: &mut [u8],
+        payload: &mut [u8],
+    ) -> Result<bool, DiskError> {
         let path = self.dir.join(segment_name(location.segment));
         let file = match self.segment_reader(location.segment) {
             Ok(file) => file,
@@ -82,31 +153,34 @@ impl DiskTier {
         let Some(file) = file else {
             if !self.live().contains(location.segment) {
                 // Evicted between the lookup and now: a plain miss.
-                return Ok(None);
+                return Ok(false);
             }
             self.failed_load(key, location, &path, "segment file missing");
-            return Ok(None);
+            return Ok(false);
         };
         if location.record_len as usize
             != format::record_size(self.config.key_len, location.payload_len as usize)
+            || payload.len() != location.payload_len as usize
         {
             self.failed_load(key, location, &path, "impossible record length");
-            return Ok(None);
+            return Ok(false);
         }
-        let mut buf = vec![0u8; location.record_len as usize];
-        let checked = match file.read_exact_at(&mut buf, location.offset) {
-            Ok(()) => match format::parse_record(&buf) {
-                Ok((header, stored_key, payload))
+        let checked = match read_piecewise(&file, head, payload, location) {
+            Ok(()) => match format::parse_record_header(head) {
+                Ok((header, stored_key))
                     if stored_key == key.as_bytes()
                         && header.kind == format::KIND_PUT
-                        && header.payload_crc == location.payload_crc
-                        && payload.len() == location.payload_len as usize =>
+                        && header.payload_len == location.payload_len
+                        && header.payload_crc == location.payload_crc =>
                 {
-                    Ok(payload.to_vec())
+                    Ok(())
                 }
                 Ok(_) => Err("record does not match its index entry".to_owned()),
                 Err(e) => Err(e.to_string()),
             },
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                Err(FormatError::Checksum { what: "payload" }.to_string())
+            }
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err("record beyond the end of its segment".to_owned())
             }
@@ -117,13 +191,13 @@ impl DiskTier {
             }
         };
         match checked {
-            Ok(payload) => {
+            Ok(()) => {
                 self.counters.loads.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(payload))
+                Ok(true)
             }
             Err(reason) => {
                 self.failed_load(key, location, &path, &reason);
-                Ok(None)
+                Ok(false)
             }
         }
     }
@@ -133,6 +207,10 @@ impl DiskTier {
     fn failed_load(&self, key: &OffloadKey, location: &Location, path: &Path, reason: &str) {
         tracing::warn!(segment = %path.display(), offset = location.offset, %reason, "corrupt record; removing its key");
         self.counters.corrupt_loads.fetch_add(1, Ordering::Relaxed);
+        if self.dir_lock.check_owner().is_err() {
+            // A forked child reads the parent's index but never changes it.
+            return;
+        }
         // Index changes are the writer's: wait for it (a rehash in
         // progress, at worst; this is the rare path).
         let _writer = lock(&self.writer);
@@ -156,5 +234,45 @@ impl DiskTier {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(DiskError::io("open segment", &path, e)),
         }
+    }
+}
+
+/// Bytes of payload read per call: each piece is checksummed right after
+/// it is read, while it is still in the core's cache, instead of in a
+/// second pass over the whole payload.
+const READ_PIECE: usize = 256 << 10;
+
+/// Reads a record's head into `head` and its payload into `payload`, the
+/// head with the first piece in one `preadv`, the rest piece by piece,
+/// checksumming each piece as it arrives. An error of kind
+/// [`InvalidData`](std::io::ErrorKind::InvalidData) when the payload's
+/// checksum is not `location.payload_crc`; [`UnexpectedEof`] when the file
+/// ends first.
+///
+/// [`UnexpectedEof`]: std::io::ErrorKind::UnexpectedEof
+fn read_piecewise(
+    file: &File,
+    head: &mut [u8],
+    payload: &mut [u8],
+    location: &Location,
+) -> std::io::Result<()> {
+    let (first, rest) = payload.split_at_mut(payload.len().min(READ_PIECE));
+    let mut at = location.offset + (head.len() + first.len()) as u64;
+    vectored::read_exact_at(
+        file,
+        &mut [IoSliceMut::new(head), IoSliceMut::new(first)],
+        location.offset,
+    )?;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(first);
+    for piece in rest.chunks_mut(READ_PIECE) {
+        file.read_exact_at(piece, at)?;
+        crc.update(piece);
+        at += piece.len() as u64;
+    }
+    if crc.finalize() == location.payload_crc {
+        Ok(())
+    } else {
+        Err(std::io::ErrorKind::InvalidData.into())
     }
 }

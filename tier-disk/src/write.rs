@@ -1,6 +1,7 @@
 //! The write path: stores and removals append records to the active
-//! segment (rolling to a new one, evicting the oldest as needed), then
-//! publish them in the index. The index grows first when the new keys would
+//! segment (rolling to a new one, evicting the oldest as needed; see
+//! [`append`](crate::append) for a batch of stores), then publish them in
+//! the index. The index grows first when the new keys would
 //! pass its load factor.
 //!
 //! Everything here runs under the writer lock. The index's write lock is
@@ -11,8 +12,9 @@
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
-use kvtier_core::OffloadKey;
+use kvtier_core::{BlockOutcome, OffloadKey};
 
+use crate::append::Appended;
 use crate::config::FsyncPolicy;
 use crate::error::DiskError;
 use crate::format::{self, Location};
@@ -30,9 +32,14 @@ impl DiskTier {
     ///
     /// # Errors
     /// [`DiskError::WrongKeySize`], [`DiskError::PayloadTooLarge`],
-    /// [`DiskError::DiskFull`] or [`DiskError::Io`]; on error nothing is published.
+    /// [`DiskError::DiskFull`] or [`DiskError::Io`]; [`DiskError::Forked`]
+    /// in a process forked from the one that opened the tier. On error
+    /// nothing is published.
     pub fn store_blocking(&self, key: &OffloadKey, payload: &[u8]) -> Result<(), DiskError> {
-        self.store_batch(&[(key, payload)])
+        self.check_block(key, payload)?;
+        self.append_batch(&[(key, payload)])
+            .first_error()
+            .map_or(Ok(()), Err)
     }
 
     /// Stores every `(key, payload)`, in order (a later payload of the same
@@ -50,66 +57,93 @@ impl DiskTier {
             .iter()
             .map(|(key, payload)| (key, payload.as_slice()))
             .collect();
-        self.store_batch(&blocks)
+        for (key, payload) in &blocks {
+            self.check_block(key, payload)?;
+        }
+        self.append_batch(&blocks).first_error().map_or(Ok(()), Err)
     }
 
-    fn store_batch(&self, blocks: &[(&OffloadKey, &[u8])]) -> Result<(), DiskError> {
-        for (key, payload) in blocks {
-            self.check_key(key)?;
-            if payload.len() > self.config.max_payload() {
-                return Err(DiskError::PayloadTooLarge {
-                    len: payload.len(),
-                    max: self.config.max_payload(),
-                });
+    /// Stores every `(key, payload)` borrowed from the caller, answering per
+    /// key (the synchronous form of
+    /// [`BlockStore::store_batch`](kvtier_core::BlockStore::store_batch)):
+    /// the payloads go to the active segment in one vectored write per
+    /// segment, straight from `blocks`, and are published as
+    /// [`store_many_blocking`](Self::store_many_blocking) does. A refused
+    /// key or payload fails alone; a failure part way fails that block and
+    /// every block after it, and publishes those before it.
+    pub fn store_batch_blocking(&self, blocks: &[(&OffloadKey, &[u8])]) -> Vec<BlockOutcome> {
+        self.append_batch(blocks).into_outcomes()
+    }
+
+    /// Refuses a key of the wrong size or a payload no segment can take.
+    fn check_block(&self, key: &OffloadKey, payload: &[u8]) -> Result<(), DiskError> {
+        self.check_key(key)?;
+        if payload.len() > self.config.max_payload() {
+            return Err(DiskError::PayloadTooLarge {
+                len: payload.len(),
+                max: self.config.max_payload(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The batch store: checks each block, appends those that pass, makes
+    /// them durable as the policy asks, then publishes them.
+    fn append_batch(&self, blocks: &[(&OffloadKey, &[u8])]) -> Appended {
+        let mut appended = Appended::new(blocks.len());
+        let mut todo = Vec::with_capacity(blocks.len());
+        for (i, (key, payload)) in blocks.iter().enumerate() {
+            match self.check_block(key, payload) {
+                Ok(()) => todo.push(i),
+                Err(err) => appended.fail(i, err),
             }
         }
-        if blocks.is_empty() {
-            return Ok(());
+        if todo.is_empty() {
+            return appended;
+        }
+        if let Err(err) = self.dir_lock.check_owner() {
+            appended.fail_all(todo, err);
+            return appended;
         }
         let mut writer = lock(&self.writer);
         // Grow first: a rehash that fails (a full disk) has appended no
         // record, so nothing is published and a rebuild finds nothing either.
-        self.grow_for(&writer, blocks.len() as u64)?;
-        let mut written = Vec::with_capacity(blocks.len());
-        let mut failure = None;
-        for &(key, payload) in blocks {
-            let record = format::encode_record(format::KIND_PUT, key.as_bytes(), payload);
-            match self.append(&mut writer, &record) {
-                Ok((segment, offset)) => written.push((
-                    key,
-                    Location {
-                        segment,
-                        offset,
-                        payload_len: payload.len() as u32,
-                        payload_crc: crc32fast::hash(payload),
-                        record_len: record.len() as u32,
-                    },
-                )),
-                Err(err) => {
-                    failure = Some(err);
-                    break;
-                }
+        if let Err(err) = self.grow_for(&writer, todo.len() as u64) {
+            appended.fail_all(todo, err);
+            return appended;
+        }
+        let (placed, failure) = self.append_blocks(&mut writer, blocks, &todo);
+        if let Some(err) = failure {
+            appended.fail_all(todo[placed.len()..].iter().copied(), err);
+        }
+        if placed.is_empty() {
+            return appended;
+        }
+        let written: Vec<(&OffloadKey, Location)> = placed
+            .iter()
+            .map(|p| (blocks[p.block].0, p.location))
+            .collect();
+        if let Err(err) = self.sync_active(&writer) {
+            appended.fail_all(placed.iter().map(|p| p.block), err);
+            return appended;
+        }
+        let slots = self.publish(&written);
+        if self.config.fsync == FsyncPolicy::Always {
+            let flushed = {
+                let index = self.read_index();
+                slots.iter().try_for_each(|&slot| index.flush_slot(slot))
+            };
+            if let Err(err) = flushed {
+                self.unpublish(&mut writer, &written);
+                appended.fail_all(placed.iter().map(|p| p.block), err);
+                return appended;
             }
         }
-        if !written.is_empty() {
-            self.sync_active(&writer)?;
-            let slots = self.publish(&written);
-            if self.config.fsync == FsyncPolicy::Always {
-                let flushed = {
-                    let index = self.read_index();
-                    slots.iter().try_for_each(|&slot| index.flush_slot(slot))
-                };
-                if let Err(err) = flushed {
-                    self.unpublish(&mut writer, &written);
-                    return Err(err);
-                }
-            }
-            drop(writer);
-            self.counters
-                .stores
-                .fetch_add(written.len() as u64, Ordering::Relaxed);
-        }
-        failure.map_or(Ok(()), Err)
+        drop(writer);
+        self.counters
+            .stores
+            .fetch_add(written.len() as u64, Ordering::Relaxed);
+        appended
     }
 
     /// Inserts the written records into the index under one write lock;
@@ -155,7 +189,8 @@ impl DiskTier {
     /// bring it back.
     ///
     /// # Errors
-    /// [`DiskError::WrongKeySize`], [`DiskError::DiskFull`] or [`DiskError::Io`].
+    /// [`DiskError::WrongKeySize`], [`DiskError::DiskFull`] or
+    /// [`DiskError::Io`]; [`DiskError::Forked`] in a forked child.
     pub fn remove_blocking(&self, key: &OffloadKey) -> Result<bool, DiskError> {
         Ok(self.remove_batch(&[key])?.contains(&true))
     }
@@ -176,6 +211,7 @@ impl DiskTier {
         for key in keys {
             self.check_key(key)?;
         }
+        self.dir_lock.check_owner()?;
         let present = || {
             let live = self.live();
             let index = self.read_index();
@@ -256,12 +292,18 @@ impl DiskTier {
         })
     }
 
-    fn roll(&self, writer: &mut Writer) -> Result<(), DiskError> {
+    /// Closes the active segment and starts the next. Under
+    /// [`FsyncPolicy::Always`] the closed segment is synced first (its
+    /// stores were acknowledged as durable); under `Never` it is left to
+    /// the operating system, as every store of that policy is.
+    pub(crate) fn roll(&self, writer: &mut Writer) -> Result<(), DiskError> {
         let old = self.dir.join(segment_name(writer.active_id));
-        writer
-            .active
-            .sync_all()
-            .map_err(|e| DiskError::io("sync segment", &old, e))?;
+        if self.config.fsync == FsyncPolicy::Always {
+            writer
+                .active
+                .sync_all()
+                .map_err(|e| DiskError::io("sync segment", &old, e))?;
+        }
         let id = writer
             .active_id
             .checked_add(1)

@@ -30,5 +30,6 @@ async fn conformance_fsync_always() {
     testkit::answers_follow_key_order(&f).await;
     testkit::removed_keys_are_misses(&f).await;
     testkit::stored_blocks_load_back(&f).await;
+    testkit::batch_forms(&f).await;
     testkit::through_manager(&f).await;
 }

@@ -51,6 +51,22 @@ impl Child {
         }
         false
     }
+
+    /// Waits up to `within` for the child to exit; its exit status, if it
+    /// exited normally.
+    fn exit_status_within(&self, within: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            let mut status = 0;
+            // SAFETY: a plain syscall on our own child's pid.
+            let reaped = unsafe { libc::waitpid(self.0, &mut status, libc::WNOHANG) };
+            if reaped == self.0 {
+                return libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
 }
 
 impl Drop for Child {
@@ -117,4 +133,92 @@ fn a_tier_dropped_in_a_forked_child_keeps_the_parents_lock() {
     }
     tier.store_blocking(&key(2), b"more").unwrap();
     assert_eq!(tier.load_blocking(&key(2)).unwrap(), Some(b"more".to_vec()));
+}
+
+/// A forked child's stores are refused with a typed error, never
+/// acknowledged and then lost: the child's appends went to the parent's
+/// segment at offsets the parent did not know were taken, and the parent's
+/// next stores overwrote them (every child key then loaded `None`).
+#[test]
+fn a_forked_childs_stores_fail_rather_than_vanish() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let tier = DiskTier::open(small(dir.path())).unwrap();
+    tier.store_blocking(&key(0), b"before the fork").unwrap();
+    let tier_ref = &tier;
+    // The child reports through its exit status: 0 when every store was
+    // refused with `Forked` (and a read still worked), else the number of
+    // the first broken rule.
+    let child = Child::fork(move || {
+        let mut status = 0;
+        for i in 1000..1050 {
+            match tier_ref.store_blocking(&key(i), b"from the child") {
+                Err(DiskError::Forked { .. }) => {}
+                Ok(()) => {
+                    status = 1;
+                    break;
+                }
+                Err(_) => {
+                    status = 2;
+                    break;
+                }
+            }
+        }
+        if status == 0
+            && !matches!(
+                tier_ref.remove_blocking(&key(0)),
+                Err(DiskError::Forked { .. })
+            )
+        {
+            status = 3;
+        }
+        if status == 0 && !matches!(tier_ref.close(), Err(DiskError::Forked { .. })) {
+            status = 4;
+        }
+        if status == 0
+            && tier_ref.load_blocking(&key(0)).ok().flatten().as_deref()
+                != Some(&b"before the fork"[..])
+        {
+            status = 5;
+        }
+        // SAFETY: ends the child with its verdict, running no destructor.
+        unsafe { libc::_exit(status) };
+    });
+    let status = child.exit_status_within(Duration::from_secs(10));
+    drop(child);
+    for i in 2000..2050 {
+        tier.store_blocking(&key(i), b"from the parent").unwrap();
+    }
+    // Whatever the child was told, nothing it was told is stored is lost.
+    let child_keys: Vec<_> = (1000..1050).map(key).collect();
+    let found = tier.contains_many(&child_keys).unwrap();
+    for (i, k) in child_keys.iter().enumerate() {
+        if found[i] {
+            assert_eq!(
+                tier.load_blocking(k).unwrap().as_deref(),
+                Some(&b"from the child"[..])
+            );
+        }
+    }
+    assert_eq!(
+        status,
+        Some(0),
+        "the child's stores were not refused with DiskError::Forked (exit status 1: acknowledged)"
+    );
+    for i in 2000..2050 {
+        assert_eq!(
+            tier.load_blocking(&key(i)).unwrap().as_deref(),
+            Some(&b"from the parent"[..])
+        );
+    }
+    assert_eq!(
+        tier.load_blocking(&key(0)).unwrap().as_deref(),
+        Some(&b"before the fork"[..])
+    );
+    drop(tier);
+    let reopened = DiskTier::open(small(dir.path())).unwrap();
+    assert_eq!(
+        reopened.load_blocking(&key(0)).unwrap().as_deref(),
+        Some(&b"before the fork"[..])
+    );
 }

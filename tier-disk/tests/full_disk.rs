@@ -220,3 +220,56 @@ fn a_store_refused_for_a_full_disk_is_not_served_after_a_rebuild() {
     );
     check(&tier, &acked);
 }
+
+/// A batch that fills the disk part way answers per key: the blocks before
+/// the failure are stored (and survive a reopen), the failing one and
+/// every one after it fail as `Unavailable` (a full disk), and none of
+/// those is published.
+#[test]
+fn a_batch_that_fills_the_disk_keeps_its_stored_blocks_and_fails_the_rest() {
+    use kvtier_core::{BlockOutcome, OffloadKey, TierErrorKind};
+    let Some(fs) = Mount::tmpfs("8m") else {
+        return;
+    };
+    let config = DiskConfig {
+        initial_slots: 1024,
+        segment_bytes: 1 << 20,
+        capacity_bytes: 64 << 20,
+        ..DiskConfig::new(&fs.path)
+    };
+    let tier = DiskTier::open(config.clone()).unwrap();
+    let keys: Vec<OffloadKey> = (0..200).map(key).collect();
+    let blocks: Vec<Vec<u8>> = (0..200).map(|i| vec![i as u8; 100_000]).collect();
+    let batch: Vec<(&OffloadKey, &[u8])> = keys
+        .iter()
+        .zip(&blocks)
+        .map(|(k, b)| (k, b.as_slice()))
+        .collect();
+    let outcomes = tier.store_batch_blocking(&batch);
+    let stored = outcomes.iter().take_while(|o| o.is_done()).count();
+    assert!(
+        stored > 10 && stored < 200,
+        "8 MiB take some of 20 MB: {stored} stored"
+    );
+    for (i, outcome) in outcomes.iter().enumerate().skip(stored) {
+        match outcome {
+            BlockOutcome::Failed(err) => {
+                assert_eq!(err.kind(), TierErrorKind::Unavailable, "{err}")
+            }
+            other => panic!("block {i} after the disk filled: {other:?}"),
+        }
+    }
+    let present = tier.contains_many(&keys).unwrap();
+    assert_eq!(present.iter().filter(|&&p| p).count(), stored);
+    assert!(present[..stored].iter().all(|&p| p));
+    drop(tier);
+    let tier = DiskTier::open(config).unwrap();
+    for i in 0..stored {
+        assert_eq!(
+            tier.load_blocking(&keys[i]).unwrap().as_ref(),
+            Some(&blocks[i]),
+            "key {i}"
+        );
+    }
+    assert!(!tier.contains_many(&keys[stored..]).unwrap().contains(&true));
+}

@@ -10,7 +10,7 @@
 //! Workloads have names (`hot-lookup`, `step-cycle`, `memory`, `redis`, `s3`,
 //! `disk`) and answer to their old ids too (`w1` … `w5`, `mem`), which the
 //! JSON lines keep as their `workload` field, for the scripts that read them.
-//! `data-path` (`w6`) is reserved for the block data path's workload.
+//! `data-path` (`w6`) stores and loads blocks through the transfer queue.
 //!
 //! One module per workload, each holding its baseline; `common` holds what
 //! several of them share.
@@ -18,6 +18,7 @@
 #![warn(clippy::unwrap_used)]
 
 mod common;
+mod data_path;
 mod disk_tier;
 mod hot_lookup;
 mod memory;
@@ -62,13 +63,17 @@ enum Workload {
     /// Disk tier: batch lookups, reopen time, store throughput (alias w5).
     #[value(name = "disk", alias = "w5")]
     Disk,
+    /// The block data path: blocks stored and loaded through the transfer
+    /// queue, per tier and block size, next to the raw client (alias w6).
+    #[value(name = "data-path", alias = "w6")]
+    DataPath,
     /// Every workload above (the server ones when their services are set).
     All,
 }
 
 impl Workload {
     /// Every workload `all` runs, in order.
-    const EVERY: [Self; 7] = [
+    const EVERY: [Self; 8] = [
         Self::HotLookup,
         Self::StepCycle,
         Self::StepCycleSlow,
@@ -76,6 +81,7 @@ impl Workload {
         Self::Redis,
         Self::S3,
         Self::Disk,
+        Self::DataPath,
     ];
 
     /// The name `kvbench` is called with.
@@ -88,6 +94,7 @@ impl Workload {
             Self::Redis => "redis",
             Self::S3 => "s3",
             Self::Disk => "disk",
+            Self::DataPath => "data-path",
             Self::All => "all",
         }
     }
@@ -112,6 +119,7 @@ impl Workload {
             Self::Redis => redis_tier::redis_tier(cli),
             Self::S3 => s3_tier::s3_tier(cli),
             Self::Disk => disk_tier::disk_tier(cli).map(one),
+            Self::DataPath => data_path::data_path(cli),
             Self::All => Ok(Vec::new()),
         }
     }
@@ -122,8 +130,8 @@ impl Workload {
 #[command(name = "kvbench", version)]
 #[command(
     after_help = "Old ids still work: w1 = hot-lookup, w2 = step-cycle, w2-slow = \
-    step-cycle-slow, mem = memory, w3 = redis, w4 = s3, w5 = disk; each JSON line keeps the \
-    id as its \"workload\" field. w6 / data-path is reserved for the block data path."
+    step-cycle-slow, mem = memory, w3 = redis, w4 = s3, w5 = disk, w6 = data-path; each JSON line keeps the \
+    id as its \"workload\" field."
 )]
 struct Cli {
     /// Which workload to run: a name, or its old id (listed below).
