@@ -156,7 +156,7 @@ impl Cluster {
                         db: 0,
                         ..template.clone()
                     },
-                    io.handle().clone(),
+                    io.spawner().clone(),
                 )));
             }
         }

@@ -26,17 +26,13 @@
 //! cluster connection reconnects inside its own driver task, already there.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use kvtier_core::Spawner;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, Value};
-use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
-use tokio::task::JoinHandle;
 
 use crate::cluster::Cluster;
 use crate::lean::LeanPool;
@@ -62,7 +58,7 @@ impl Io {
         &self,
         fut: impl Future<Output = RedisResult<T>> + Send + 'static,
     ) -> RedisResult<T> {
-        match AbortOnDrop(self.handle().spawn(fut)).await {
+        match self.spawner.spawn(fut).await {
             Ok(result) => result,
             Err(e) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
@@ -71,26 +67,9 @@ impl Io {
         }
     }
 
-    /// The runtime's handle.
-    pub(crate) fn handle(&self) -> &Handle {
-        self.spawner.handle()
-    }
-}
-
-/// A spawned task, aborted when its handle is dropped (as object_store's
-/// spawned requests are): a caller that gives up does not leave work behind.
-pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
-
-impl<T> Future for AbortOnDrop<T> {
-    type Output = Result<T, tokio::task::JoinError>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
+    /// The spawner itself, for the lean path's connections.
+    pub(crate) fn spawner(&self) -> &Spawner {
+        &self.spawner
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use kvtier_core::OffloadKey;
+use kvtier_core::{OffloadKey, Spawner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -127,7 +127,7 @@ impl std::fmt::Debug for Endpoint {
 #[derive(Debug)]
 pub(crate) struct LeanPool {
     endpoint: Endpoint,
-    io: tokio::runtime::Handle,
+    io: Spawner,
     idle: Mutex<Vec<Conn>>,
 }
 
@@ -138,7 +138,7 @@ struct Conn {
 }
 
 impl LeanPool {
-    pub(crate) fn new(endpoint: Endpoint, io: tokio::runtime::Handle) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, io: Spawner) -> Self {
         Self {
             endpoint,
             io,
@@ -216,8 +216,7 @@ impl LeanPool {
 
     /// A new connection, opened on the I/O runtime.
     async fn connect(&self) -> Result<Conn, LeanError> {
-        let task = self.io.spawn(Conn::open(self.endpoint.clone()));
-        match crate::connection::AbortOnDrop(task).await {
+        match self.io.spawn(Conn::open(self.endpoint.clone())).await {
             Ok(opened) => opened,
             Err(_) => Err(LeanError::Closed(
                 "before the handshake: the tier's I/O runtime stopped",

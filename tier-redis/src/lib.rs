@@ -247,7 +247,7 @@ impl RedisTier {
             }
             .map_err(|e| invalid("url", &format!("{:?}: {e}", config::redact(&config.url))))?;
             let lean = lean_endpoint(&config.url, &config)
-                .map(|endpoint| Arc::new(lean::LeanPool::new(endpoint, io.handle().clone())));
+                .map(|endpoint| Arc::new(lean::LeanPool::new(endpoint, io.spawner().clone())));
             let single = Single::new(
                 client,
                 connect_timeout,
