@@ -22,11 +22,13 @@
 //!   at start-up, to fail fast. No `Debug` output or error shows a secret,
 //!   including the password of an endpoint URL.
 //! - **Runtime.** Every request runs on a runtime the tier starts and owns
-//!   ([`S3Tier::new`], `io_threads` threads) or one the caller hands in
-//!   ([`S3Tier::with_spawner`]), never on the caller's: the SDK's connection
-//!   pool keeps each connection's task on the runtime that opened it, and a
-//!   store from a short-lived runtime would otherwise leave connections
-//!   behind that later lookups wait on.
+//!   ([`S3Tier::new`]: a [`Spawner::dedicated`](kvtier_core::Spawner::dedicated)
+//!   of `io_threads` threads) or the [`Spawner`](kvtier_core::Spawner) the
+//!   caller hands in ([`S3Tier::with_spawner`]), which the tier keeps alive;
+//!   never on the caller's: the SDK's connection pool keeps each
+//!   connection's task on the runtime that opened it, and a store from a
+//!   short-lived runtime would otherwise leave connections behind that
+//!   later lookups wait on.
 //! - **One interface.** Blocks are stored, loaded and removed through
 //!   [`BlockStore`](kvtier_core::BlockStore) (batched forms run concurrent
 //!   requests); lookups are [`Tier::batch_lookup`](kvtier_core::Tier), or
@@ -35,8 +37,8 @@
 //!
 //! Files: `config.rs` ([`S3Config`] and its validation), `error.rs`
 //! ([`S3TierError`] and the classification of S3 errors, a pure function of
-//! status and error code), `client.rs` (the SDK client), `spawn.rs` (the
-//! runtime requests run on), `tier.rs` ([`S3Tier`]).
+//! status and error code), `client.rs` (the SDK client), `tier.rs` ([`S3Tier`],
+//! and the runtime its requests run on).
 //!
 //! The client is made by [`S3Tier::new`], which reads credentials from the
 //! configuration or from the standard AWS chain (environment, profile,
@@ -79,7 +81,6 @@
 mod client;
 mod config;
 mod error;
-mod spawn;
 mod tier;
 
 pub use config::S3Config;

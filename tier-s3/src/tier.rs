@@ -1,5 +1,14 @@
 //! [`S3Tier`]: lookups, stores, loads and removes as S3 requests, each run
 //! on the tier's I/O runtime under a shared concurrency limit.
+//!
+//! aws-sdk's hyper pool spawns each connection's task on the runtime of the
+//! request that opened the connection, and hands the pooled connection to
+//! later requests from any runtime. A connection opened from a runtime that
+//! the caller stops driving (a `block_on` that returned on a current-thread
+//! runtime) then freezes every request sent on it until its attempt times
+//! out. So every SDK request of a tier runs as a task on the tier's
+//! [`Spawner`]: one the tier starts, or one the caller hands in; the tier
+//! keeps a clone, so that runtime lives as long as the tier does.
 
 use std::fmt;
 use std::future::Future;
@@ -16,7 +25,6 @@ use tokio::sync::Semaphore;
 
 use crate::config::{endpoint_password, redact_endpoint};
 use crate::error::{self, ErrorContext, ResponseClass, classify_response};
-use crate::spawn::IoRuntime;
 use crate::{S3Config, S3TierError, client};
 
 /// Request counters of an [`S3Tier`].
@@ -33,8 +41,9 @@ pub struct S3Stats {
 /// An S3 tier; see the crate documentation.
 pub struct S3Tier {
     client: aws_sdk_s3::Client,
-    /// Where every request runs (see [`spawn`](crate::spawn)).
-    io: IoRuntime,
+    /// Where every request runs (see the module docs); a clone, which keeps
+    /// a dedicated runtime alive as long as the tier.
+    io: Spawner,
     config: S3Config,
     endpoint: String,
     limit: Arc<Semaphore>,
@@ -115,11 +124,13 @@ impl S3Tier {
     /// [`S3TierError::Other`] if the runtime's threads cannot start.
     pub async fn new(config: S3Config) -> Result<Self> {
         config.validate()?;
-        let io = IoRuntime::start(config.io_threads).map_err(|e| S3TierError::Other {
-            bucket: config.bucket.clone(),
-            endpoint: endpoint_shown(&config),
-            op: "starting the I/O runtime",
-            detail: e.to_string(),
+        let io = Spawner::dedicated("kvtier-s3-io", config.io_threads).map_err(|e| {
+            S3TierError::Other {
+                bucket: config.bucket.clone(),
+                endpoint: endpoint_shown(&config),
+                op: "starting the I/O runtime",
+                detail: e.to_string(),
+            }
         })?;
         Self::build(config, io).await
     }
@@ -131,23 +142,26 @@ impl S3Tier {
     /// constructor, with the same argument, as
     /// `RedisTier::with_spawner`.
     ///
-    /// A caller's runtime must outlive the tier's use: once it shuts down,
-    /// requests fail with [`S3TierError::Unavailable`].
+    /// The tier keeps a clone of `spawner`: a dedicated runtime
+    /// ([`Spawner::dedicated`]) runs as long as the tier, whether or not the
+    /// caller keeps its own clone. A caller's runtime
+    /// ([`Spawner::from_handle`]) is the caller's to keep: once it shuts
+    /// down, requests fail with [`S3TierError::Unavailable`].
     ///
     /// # Errors
     /// As [`new`](Self::new).
     pub async fn with_spawner(config: S3Config, spawner: &Spawner) -> Result<Self> {
         config.validate()?;
-        Self::build(config, IoRuntime::on(spawner.handle().clone())).await
+        Self::build(config, spawner.clone()).await
     }
 
-    async fn build(config: S3Config, io: IoRuntime) -> Result<Self> {
+    async fn build(config: S3Config, io: Spawner) -> Result<Self> {
         let endpoint = endpoint_shown(&config);
         // On the I/O runtime too: the AWS chain's providers may open
         // connections of their own.
         let building = config.clone();
         let client = io
-            .run(async move { client::build(&building).await })
+            .spawn(async move { client::build(&building).await })
             .await
             .map_err(|e| runtime_failed(&config, &endpoint, "building the client", &e))??;
         let endpoint_secret = config
@@ -205,7 +219,7 @@ impl S3Tier {
         request: impl Future<Output = T> + Send + 'static,
     ) -> Result<T> {
         self.io
-            .run(request)
+            .spawn(request)
             .await
             .map_err(|e| runtime_failed(&self.config, &self.endpoint, op, &e))
     }
