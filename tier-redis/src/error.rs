@@ -183,6 +183,9 @@ impl From<RedisTierError> for TierError {
     }
 }
 
+/// The crate's results.
+pub(crate) type Result<T, E = RedisTierError> = std::result::Result<T, E>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
