@@ -108,7 +108,7 @@ fn a_url_that_does_not_parse_is_named_masked_with_the_schemes_accepted() {
         ),
         (
             format!("redis://alice:{SECRET}@127.0.0.1:6379/notadb"),
-            "redis://alice:***@127.0.0.1:6379/notadb",
+            "redis://***@127.0.0.1:6379/notadb",
         ),
         (format!("redis:{SECRET}@127.0.0.1"), "127.0.0.1"),
         (format!("redis+unix://relative?pass={SECRET}"), "relative"),

@@ -271,32 +271,16 @@ pub(crate) fn endpoint_password(endpoint: &str) -> Option<(usize, usize)> {
     (colon + 1 < at).then_some((colon + 1, at))
 }
 
-/// `endpoint` with the password of its userinfo replaced by `***`, for
-/// `Debug`, logs and errors.
+/// `endpoint` as `Debug`, logs and errors show it:
+/// [`kvtier_core::redact_url`], which masks its userinfo, query and
+/// fragment, even in an endpoint that does not parse.
 pub(crate) fn redact_endpoint(endpoint: &str) -> String {
-    match endpoint_password(endpoint) {
-        Some((from, to)) => format!("{}***{}", &endpoint[..from], &endpoint[to..]),
-        None => endpoint.to_owned(),
-    }
+    kvtier_core::redact_url(endpoint, &[])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoint_passwords_are_redacted_even_in_endpoints_that_do_not_parse() {
-        for (raw, shown) in [
-            ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
-            ("http://user@host:9000/", "http://user@host:9000/"),
-            ("http://user:pw@host:9000/", "http://user:***@host:9000/"),
-            ("https://u:p@ss:w/rd@host", "https://u:***@host"),
-            ("ftp://u:secret@", "ftp://u:***@"),
-            ("u:secret@host", "u:***@host"),
-        ] {
-            assert_eq!(redact_endpoint(raw), shown, "{raw}");
-        }
-    }
 
     #[test]
     fn endpoints_are_checked_like_the_sdk_does() {

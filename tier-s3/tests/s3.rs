@@ -408,7 +408,7 @@ async fn the_password_of_an_endpoint_url_is_never_shown() {
     let shown = format!("{tier:?} {err} {err:?}");
     let shown = format!("{shown} {}", TierError::from(err));
     assert!(!shown.contains("hunter2"), "{shown}");
-    assert!(shown.contains("kvtier:***@127.0.0.1:1"), "{shown}");
+    assert!(shown.contains("http://***@127.0.0.1:1"), "{shown}");
     // Not even when the endpoint is refused.
     let message = refused_at_construction(
         S3Config {
