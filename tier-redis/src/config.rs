@@ -197,7 +197,13 @@ pub(crate) fn check_url(field: &'static str, raw: &str) -> Result<(), RedisTierE
         "unix",
     ];
     if !known.contains(&url.scheme()) {
-        return bad(format!("scheme {:?} is not a Redis scheme", url.scheme()));
+        // Named only if the masked URL shows it: in `user:password` the
+        // "scheme" is the user name.
+        return bad(if redact(raw).starts_with(&format!("{}:", url.scheme())) {
+            format!("scheme {:?} is not a Redis scheme", url.scheme())
+        } else {
+            "not a Redis URL".to_owned()
+        });
     }
     let tls = matches!(url.scheme(), "rediss" | "valkeys");
     if tls && url.fragment() == Some("insecure") {
