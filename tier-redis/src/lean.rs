@@ -7,9 +7,10 @@
 //! on a cluster, where the client's CPU is the bottleneck, that was most of
 //! the cost per key.
 //!
-//! An error reply (MOVED, ASK, NOAUTH, LOADING...), a broken or slow
-//! connection or a failed handshake is an error here and the caller asks
-//! redis-rs instead; the connection is then dropped. A reply that breaks
+//! An error reply (MOVED, ASK, NOAUTH, LOADING...), a broken connection or
+//! a failed handshake is an error here and the caller asks redis-rs
+//! instead; a server silent past the response timeout is a timeout the
+//! caller reports as such. The connection is dropped either way. A reply that breaks
 //! the protocol (an EXISTS answer other than `:0` or `:1`, a reply line
 //! without end, replies out of step) is an error on both paths: the caller
 //! checks redis-rs's answers with the same rule ([`exists_answer`], and an

@@ -23,7 +23,12 @@
 //!   of its first key) whose reply must come last, so a missing or an extra
 //!   reply is seen. Anything else is [`RedisTierError::UnexpectedReply`],
 //!   never a hit or a miss. A reply line the lean path reads may be at most
-//!   4 KiB long, and every call returns within its response timeout.
+//!   4 KiB long.
+//! - **Deadlines.** Every call returns within its connect timeout plus its
+//!   response timeout, whatever the server does. A lookup on the lean path
+//!   against a server that accepts connections but never answers fails as
+//!   [`RedisTierError::Timeout`] after the response timeout (redis-rs is
+//!   not asked again: the server is there, but silent).
 //! - **Outages.** The connection reconnects by itself. Connect and response
 //!   timeouts are short, so a lookup during an outage fails fast, with a
 //!   typed error (timeout, unavailable, auth, cluster down) that the lookup

@@ -5,7 +5,7 @@ use kvtier_core::{OffloadKey, ReqContext, Tier, TierError};
 use redis::{Pipeline, Value};
 
 use crate::error::{RedisTierError, Result};
-use crate::lean::LeanPool;
+use crate::lean::{LeanError, LeanPool};
 use crate::reply;
 use crate::tier::RedisTier;
 
@@ -77,6 +77,10 @@ impl RedisTier {
     /// [`RedisTierError::UnexpectedReply`] when the server broke the
     /// protocol: redis-rs's answer would be an error too (its replies are
     /// checked with the same rule), so it is not asked.
+    /// [`RedisTierError::Timeout`] when the server did not answer within
+    /// the response timeout (or accept within the connect timeout): asking
+    /// redis-rs would make the caller wait as long again, past the
+    /// response timeout the call promises.
     async fn try_lean<'a>(
         &self,
         pool: Option<&LeanPool>,
@@ -97,6 +101,14 @@ impl RedisTier {
                 endpoint: self.endpoint.clone(),
                 op: "EXISTS pipeline",
                 detail: e.to_string(),
+            }),
+            Err(LeanError::Timeout) => Err(RedisTierError::Timeout {
+                endpoint: self.endpoint.clone(),
+                op: "EXISTS pipeline",
+                source: redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no reply within the response timeout",
+                )),
             }),
             Err(e) => {
                 self.lean.fell_back(&e);
