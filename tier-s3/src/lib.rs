@@ -18,9 +18,16 @@
 //! - **Configuration** is checked by [`S3Tier::new`]: anything the SDK would
 //!   panic on (a control character in the region or a credential, timeouts
 //!   that overflow) and an endpoint that is not an http(s) URL are
-//!   [`S3TierError::InvalidConfig`]. [`S3Tier::check`] contacts the server
-//!   at start-up, to fail fast. No `Debug` output or error shows a secret,
-//!   including the password of an endpoint URL.
+//!   [`S3TierError::InvalidConfig`], and so is an endpoint that holds
+//!   credentials (`user:password@`): they go in `access_key_id` /
+//!   `secret_access_key`. [`S3Tier::check`] contacts the server at
+//!   start-up, to fail fast.
+//! - **Secrets.** No `Debug` output, error or log line shows a secret:
+//!   endpoints are shown masked ([`kvtier_core::redact_url`]), and the
+//!   SDK's requests run under the program's log subscriber less the
+//!   SDK's TRACE dumps of whole requests (targets `aws_sigv4` and
+//!   `aws_smithy_runtime::client::orchestrator`), which print the session
+//!   token; every other SDK line, at every level, is logged.
 //! - **Runtime.** Every request runs on a runtime the tier starts and owns
 //!   ([`S3Tier::new`]: a [`Spawner::dedicated`](kvtier_core::Spawner::dedicated)
 //!   of `io_threads` threads) or the [`Spawner`](kvtier_core::Spawner) the
@@ -37,8 +44,8 @@
 //!
 //! Files: `config.rs` ([`S3Config`] and its validation), `error.rs`
 //! ([`S3TierError`] and the classification of S3 errors, a pure function of
-//! status and error code), `client.rs` (the SDK client), `tier.rs` ([`S3Tier`],
-//! and the runtime its requests run on).
+//! status and error code), `client.rs` (the SDK client), `logs.rs` (what the SDK may
+//! log), `tier.rs` ([`S3Tier`], and the runtime its requests run on).
 //!
 //! The client is made by [`S3Tier::new`], which reads credentials from the
 //! configuration or from the standard AWS chain (environment, profile,
@@ -81,6 +88,7 @@
 mod client;
 mod config;
 mod error;
+mod logs;
 mod tier;
 
 pub use config::S3Config;

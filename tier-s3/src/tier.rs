@@ -23,8 +23,9 @@ use futures_util::StreamExt;
 use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier, TierError};
 use tokio::sync::Semaphore;
 
-use crate::config::{endpoint_password, redact_endpoint};
+use crate::config::redact_endpoint;
 use crate::error::{self, ErrorContext, ResponseClass, classify_response};
+use crate::logs::SdkLogs;
 use crate::{S3Config, S3TierError, client};
 
 /// Request counters of an [`S3Tier`].
@@ -55,8 +56,8 @@ pub struct S3Tier {
     bucket_seen: Mutex<Option<Instant>>,
     /// One bucket check at a time; concurrent lookups wait for its answer.
     bucket_check: tokio::sync::Mutex<()>,
-    /// The password of the endpoint URL, scrubbed from SDK error texts.
-    endpoint_secret: Option<String>,
+    /// What the SDK may log (see [`logs`](crate::logs)).
+    logs: Arc<SdkLogs>,
     config_error_logged: AtomicBool,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
@@ -160,14 +161,12 @@ impl S3Tier {
         // On the I/O runtime too: the AWS chain's providers may open
         // connections of their own.
         let building = config.clone();
+        let logs = Arc::new(SdkLogs::default());
+        let sdk_logs = Arc::clone(&logs);
         let client = io
-            .spawn(async move { client::build(&building).await })
+            .spawn(async move { sdk_logs.scope(client::build(&building)).await })
             .await
             .map_err(|e| runtime_failed(&config, &endpoint, "building the client", &e))??;
-        let endpoint_secret = config
-            .endpoint
-            .as_deref()
-            .and_then(|e| endpoint_password(e).map(|(from, to)| e[from..to].to_owned()));
         Ok(Self {
             client,
             io,
@@ -177,7 +176,7 @@ impl S3Tier {
             config,
             bucket_seen: Mutex::new(None),
             bucket_check: tokio::sync::Mutex::new(()),
-            endpoint_secret,
+            logs,
             config_error_logged: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
@@ -208,7 +207,6 @@ impl S3Tier {
         ErrorContext {
             bucket: &self.config.bucket,
             endpoint: &self.endpoint,
-            endpoint_secret: self.endpoint_secret.as_deref(),
         }
     }
 
@@ -218,8 +216,9 @@ impl S3Tier {
         op: &'static str,
         request: impl Future<Output = T> + Send + 'static,
     ) -> Result<T> {
+        let logs = Arc::clone(&self.logs);
         self.io
-            .spawn(request)
+            .spawn(async move { logs.scope(request).await })
             .await
             .map_err(|e| runtime_failed(&self.config, &self.endpoint, op, &e))
     }
@@ -460,7 +459,7 @@ impl S3Tier {
                 bucket: self.config.bucket.clone(),
                 endpoint: self.endpoint.clone(),
                 op: "GetObject body",
-                detail: self.error_context().scrub(body.to_string()),
+                detail: body.to_string(),
             }),
             Err(e) if response_class(&e) == Some(ResponseClass::NotFound) => Ok(None),
             Err(e) => Err(self.classify(OP, &e)),
