@@ -45,7 +45,8 @@
 //! Files: `config.rs` ([`S3Config`] and its validation), `error.rs`
 //! ([`S3TierError`] and the classification of S3 errors, a pure function of
 //! status and error code), `client.rs` (the SDK client), `logs.rs` (what the SDK may
-//! log), `tier.rs` ([`S3Tier`], and the runtime its requests run on).
+//! log), `requests.rs` (the S3 requests, their limits and the bucket
+//! check), `tier.rs` ([`S3Tier`]: each call one task on the I/O runtime).
 //!
 //! The client is made by [`S3Tier::new`], which reads credentials from the
 //! configuration or from the standard AWS chain (environment, profile,
@@ -89,8 +90,10 @@ mod client;
 mod config;
 mod error;
 mod logs;
+mod requests;
 mod tier;
 
 pub use config::S3Config;
 pub use error::S3TierError;
-pub use tier::{S3Stats, S3Tier};
+pub use requests::S3Stats;
+pub use tier::S3Tier;
