@@ -18,7 +18,7 @@ use crate::S3TierError;
 /// endpoint = "http://127.0.0.1:9000"   # omit for AWS S3
 /// force_path_style = true              # MinIO, Ceph, Garage, s3s
 /// max_concurrent_requests = 64
-/// io_threads = 2
+/// io_threads = 1
 /// ```
 ///
 /// `Debug` never shows the secret key or session token.
@@ -70,7 +70,10 @@ pub struct S3Config {
     pub bucket_recheck_ms: u64,
     /// Worker threads of the runtime that [`S3Tier::new`](crate::S3Tier::new)
     /// starts for the tier's requests (ignored by
-    /// [`S3Tier::with_spawner`](crate::S3Tier::with_spawner)). Default 2.
+    /// [`S3Tier::with_spawner`](crate::S3Tier::with_spawner)). Default 1: a
+    /// call's requests and their connections then run on one thread, with
+    /// no hand-over between threads per request; more threads help only
+    /// when signing and parsing outrun one core.
     pub io_threads: usize,
 }
 
@@ -91,7 +94,7 @@ impl Default for S3Config {
             max_attempts: 3,
             credentials_from_aws_chain: true,
             bucket_recheck_ms: 1000,
-            io_threads: 2,
+            io_threads: 1,
         }
     }
 }
