@@ -44,7 +44,8 @@
 //!
 //! Files: `config.rs` ([`S3Config`] and its validation), `error.rs`
 //! ([`S3TierError`] and the classification of S3 errors, a pure function of
-//! status and error code), `client.rs` (the SDK client), `logs.rs` (what the SDK may
+//! status and error code), `client.rs` (the SDK client), `endpoint.rs` (the SDK's
+//! endpoint resolver, its answers kept), `logs.rs` (what the SDK may
 //! log), `requests.rs` (the S3 requests, their limits and the bucket
 //! check), `tier.rs` ([`S3Tier`]: each call one task on the I/O runtime).
 //!
@@ -88,6 +89,7 @@
 
 mod client;
 mod config;
+mod endpoint;
 mod error;
 mod logs;
 mod requests;
