@@ -18,8 +18,12 @@ pub enum TierErrorKind {
     Timeout,
     /// The backend asked us to slow down.
     Throttled,
-    /// Credentials, permissions, missing bucket or similar: retrying will not help.
+    /// Credentials, missing bucket or similar: retrying will not help.
     Config,
+    /// The backend refused the operation to the tier's credentials (an ACL
+    /// or policy denies it): the credentials work, but may not do this;
+    /// retrying will not help.
+    PermissionDenied,
     /// The caller passed something the tier cannot accept (for example a key of the wrong size).
     InvalidInput,
     /// Stored data failed a checksum or could not be parsed.
@@ -59,6 +63,7 @@ impl TierErrorKind {
             Self::Timeout => "timeout",
             Self::Throttled => "throttled",
             Self::Config => "config",
+            Self::PermissionDenied => "permission_denied",
             Self::InvalidInput => "invalid_input",
             Self::Corrupt => "corrupt",
             Self::WrongResultCount => "wrong_result_count",

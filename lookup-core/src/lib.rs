@@ -108,10 +108,12 @@ mod key;
 pub mod ledger;
 mod manager;
 pub mod metrics;
+mod redact;
 mod runtime;
 mod stack;
 mod stats;
 mod store;
+mod task;
 mod tier;
 pub mod transfer;
 mod verdict;
@@ -124,10 +126,12 @@ pub use config::ManagerConfig;
 pub use error::{LookupError, ManagerError, TierError, TierErrorKind, one_line};
 pub use key::{BuildPrehashed, INLINE_KEY_CAPACITY, OffloadKey, PrehashedHasher, ReqContext};
 pub use manager::{AsyncLookupManager, ResultsNotifier, ShutdownReport};
+pub use redact::redact_url;
 pub use runtime::Spawner;
 pub use stack::{DynLookupManager, StackPolicy, StackVerdict, TierStack};
 pub use stats::{LatencySummary, ManagerStats};
 pub use store::{BlockOutcome, BlockStore, DynBlockStore, LengthMismatch, SharedTierError};
+pub use task::AbortOnDrop;
 pub use tier::{Blocking, BoxFuture, DynTier, SyncTier, Tier};
 pub use transfer::{
     DrainReport, HostAllocError, HostBuffer, HostMemory, JobId, JobKind, JobReport, Region,

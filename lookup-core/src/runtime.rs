@@ -12,6 +12,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::config::ManagerConfig;
 use crate::error::ManagerError;
+use crate::task::AbortOnDrop;
 
 /// Where lookup workers run: a cheap, cloneable handle on a tokio runtime.
 ///
@@ -207,9 +208,24 @@ impl Spawner {
         !matches!(self.inner.owned, Owned::Caller)
     }
 
+    /// Runs `future` as a task on the runtime; the task is aborted when the
+    /// returned handle drops, and awaiting the handle (from any runtime)
+    /// gives its output. A tier runs its I/O this way on the spawner it
+    /// keeps, so a cancelled call cancels its requests.
+    ///
+    /// On a runtime that has shut down (a caller's, see
+    /// [`from_handle`](Self::from_handle)), the future is dropped unpolled
+    /// and the handle answers a cancelled [`JoinError`](tokio::task::JoinError).
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        future: impl Future<Output = T> + Send + 'static,
+    ) -> AbortOnDrop<T> {
+        AbortOnDrop::new(self.inner.handle.spawn(future))
+    }
+
     /// Runs `future` on the runtime, detached. On a runtime that has shut
     /// down, the future is dropped at once, unpolled.
-    pub(crate) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn_detached(&self, future: impl Future<Output = ()> + Send + 'static) {
         drop(self.inner.handle.spawn(future));
     }
 }

@@ -13,16 +13,13 @@
 //! shutting down still publishes an outcome (a counted error), so no key
 //! waits for its deadline.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, Semaphore, mpsc};
-use tokio::task::{JoinError, JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::ManagerConfig;
@@ -30,6 +27,7 @@ use crate::error::{TierError, TierErrorKind};
 use crate::key::OffloadKey;
 use crate::ledger::{CallId, CallOutcome, TierCall};
 use crate::runtime::{Latch, SetOnDrop, Spawner};
+use crate::task::AbortOnDrop;
 use crate::tier::Tier;
 
 /// A hook called whenever a result is published: on a thread of the
@@ -143,24 +141,6 @@ impl Drop for Reply {
     }
 }
 
-/// A task handle that aborts its task when dropped: a tier call never
-/// outlives the worker task that awaits it, even on a runtime that lives on.
-struct AbortOnDrop<T>(JoinHandle<T>);
-
-impl<T> Future for AbortOnDrop<T> {
-    type Output = Result<T, JoinError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// How many of the calls handed to the worker wait for a call slot and
 /// how many run, shared with the manager for its stats and gauges.
 #[derive(Debug)]
@@ -255,7 +235,7 @@ pub(crate) fn spawn<T: Tier>(
     // Moved into the task: set when the task ends, or when the runtime drops
     // it, polled or not.
     let on_exit = SetOnDrop(Arc::clone(&stopped));
-    spawner.spawn(async move {
+    spawner.spawn_detached(async move {
         let _on_exit = on_exit;
         run(tier, rx, publisher, tier_name, slots, task_counts).await;
     });
@@ -373,7 +353,7 @@ async fn run_call<T: Tier>(
     // A task of its own, so a panic in the tier is caught as a JoinError and
     // a timeout (or this task's abort) cancels it. The key list comes back,
     // emptied here, for the ledger to reuse.
-    let task = AbortOnDrop(tokio::spawn(
+    let task = AbortOnDrop::new(tokio::spawn(
         CURRENT_CALL.scope(
             call.id.0,
             async move {

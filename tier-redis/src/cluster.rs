@@ -17,8 +17,9 @@ use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Pipeline, RedisResult, Value};
 use tokio::sync::OnceCell;
 
-use crate::connection::{ConnError, Io, Shard, Target};
+use crate::io::Io;
 use crate::lean::{self, LeanPool};
+use crate::route::{ConnError, Shard, Target};
 use crate::slot::PrefixedSlots;
 
 /// A Redis Cluster: its client, one connection (made on the tier's I/O
@@ -156,7 +157,7 @@ impl Cluster {
                         db: 0,
                         ..template.clone()
                     },
-                    io.handle().clone(),
+                    io.spawner().clone(),
                 )));
             }
         }

@@ -8,141 +8,20 @@
 //! [`Connection::query`], which a cluster client routes by key. Cluster
 //! specifics (the slot map, shards by master) live in [`crate::cluster`].
 //!
-//! # Runtime
-//!
-//! redis-rs drives each connection from a task spawned on the runtime that
-//! made it, and its `ConnectionManager` reconnects from the runtime of the
-//! call that saw the connection drop; the lean path's sockets are
-//! registered with the reactor of the runtime that opened them. A tier first
-//! used from a short-lived runtime (a store from a request handler's
-//! `block_on`) would keep its connections there after that runtime is gone,
-//! and the lookup manager's worker would be left on a connection whose
-//! driver is dead: every lookup an error. So every connection is made on
-//! [`Io`]: a one-thread runtime the tier starts with itself and stops,
-//! without waiting, when it drops, or a runtime the caller passes in (a
-//! [`Spawner`], which may be the one its lookup managers share). Callers on
-//! any runtime use those connections through channels and wakers. Commands on the single server's
-//! `ConnectionManager` run on [`Io`] too, so its reconnections do; a
-//! cluster connection reconnects inside its own driver task, already there.
+//! All of it runs on the tier's [`Io`] runtime (see [`crate::io`]).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use kvtier_core::Spawner;
+use kvtier_core::OffloadKey;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, Value};
-use tokio::runtime::Handle;
+use redis::{Client, Cmd, FromRedisValue, Pipeline, RedisResult, Value};
 use tokio::sync::OnceCell;
-use tokio::task::JoinHandle;
 
 use crate::cluster::Cluster;
+use crate::io::Io;
 use crate::lean::LeanPool;
-use kvtier_core::OffloadKey;
-
-/// The runtime every connection is made and driven on: by default one
-/// the tier starts (a [`Spawner::dedicated`] thread, stopped without
-/// blocking when the tier drops), or the caller's ([`RedisTier::with_spawner`](crate::RedisTier::with_spawner)).
-pub(crate) struct Io {
-    spawner: Spawner,
-}
-
-impl Io {
-    /// On `spawner`'s runtime.
-    pub(crate) fn new(spawner: Spawner) -> Self {
-        Self { spawner }
-    }
-
-    /// Runs `fut` on the I/O runtime; dropping the returned future aborts
-    /// it. If that runtime has shut down (a caller's runtime dropped
-    /// before the tier), the call fails as a dropped connection.
-    pub(crate) async fn run<T: Send + 'static>(
-        &self,
-        fut: impl Future<Output = RedisResult<T>> + Send + 'static,
-    ) -> RedisResult<T> {
-        match AbortOnDrop(self.handle().spawn(fut)).await {
-            Ok(result) => result,
-            Err(e) => Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                format!("the tier's I/O runtime ended the task: {e}"),
-            ))),
-        }
-    }
-
-    /// The runtime's handle.
-    pub(crate) fn handle(&self) -> &Handle {
-        self.spawner.handle()
-    }
-}
-
-/// A spawned task, aborted when its handle is dropped (as object_store's
-/// spawned requests are): a caller that gives up does not leave work behind.
-pub(crate) struct AbortOnDrop<T>(pub(crate) JoinHandle<T>);
-
-impl<T> Future for AbortOnDrop<T> {
-    type Output = Result<T, tokio::task::JoinError>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Why a connection-level call failed; the tier names the operation.
-#[derive(Debug)]
-pub(crate) enum ConnError {
-    /// The client's error (from the server or the connection).
-    Client(RedisError),
-    /// A reply of the wrong shape.
-    Reply(String),
-}
-
-impl From<RedisError> for ConnError {
-    fn from(e: RedisError) -> Self {
-        Self::Client(e)
-    }
-}
-
-/// The keys of one batch that one server holds.
-#[derive(Debug)]
-pub(crate) struct Shard {
-    /// Positions of the keys in the batch, with their slots (0 on a single
-    /// server).
-    pub(crate) keys: Vec<(usize, u16)>,
-    /// Where they go.
-    pub(crate) target: Target,
-}
-
-/// The server of a [`Shard`]: where its pipelines go.
-#[derive(Debug, Clone)]
-pub(crate) struct Target {
-    /// The lean path's connections to this server, if it is on.
-    pub(crate) lean: Option<Arc<LeanPool>>,
-    /// On a cluster, the slot whose master gets the pipelines; a key whose
-    /// slot moved answers MOVED, and the shard is then asked again key by
-    /// key. `None` on a single server, which holds every slot.
-    pub(crate) route: Option<u16>,
-}
-
-impl Target {
-    /// Whether a failed pipeline is asked again one command per key, with
-    /// the cluster client following MOVED / ASK.
-    pub(crate) fn follows_redirects(&self) -> bool {
-        self.route.is_some()
-    }
-
-    /// Whether one multi-key command (MGET) may span the shard's keys: a
-    /// single server holds every slot, a cluster master answers CROSSSLOT.
-    pub(crate) fn spans_slots(&self) -> bool {
-        self.route.is_none()
-    }
-}
+use crate::route::{ConnError, Shard, Target};
 
 /// A single server or a Redis Cluster, behind one set of operations.
 pub(crate) struct Connection {

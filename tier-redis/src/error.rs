@@ -35,6 +35,19 @@ pub enum RedisTierError {
         #[source]
         source: RedisError,
     },
+    /// The server refused a command to the tier's user (`NOPERM`: an ACL
+    /// denies it the command or the key): the credentials work, but may
+    /// not do this.
+    #[error("{endpoint}: permission denied during {op}: {source}")]
+    Permission {
+        /// Where.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// The client's error (the server's message names the command).
+        #[source]
+        source: RedisError,
+    },
     /// No answer in time (connect or response timeout).
     #[error("{endpoint}: timed out during {op}")]
     Timeout {
@@ -108,9 +121,13 @@ impl RedisTierError {
     pub(crate) fn classify(endpoint: &str, op: &'static str, source: RedisError) -> Self {
         let endpoint = endpoint.to_owned();
         let kind = source.kind();
-        if kind == ErrorKind::AuthenticationFailed
-            || kind == ErrorKind::Server(ServerErrorKind::NoPerm)
-        {
+        if kind == ErrorKind::Server(ServerErrorKind::NoPerm) {
+            Self::Permission {
+                endpoint,
+                op,
+                source,
+            }
+        } else if kind == ErrorKind::AuthenticationFailed {
             Self::Auth {
                 endpoint,
                 op,
@@ -168,6 +185,7 @@ impl RedisTierError {
             Self::InvalidConfig { .. } | Self::Auth { .. } | Self::NotRedis { .. } => {
                 TierErrorKind::Config
             }
+            Self::Permission { .. } => TierErrorKind::PermissionDenied,
             Self::Timeout { .. } => TierErrorKind::Timeout,
             Self::Unavailable { .. } | Self::ClusterDown { .. } => TierErrorKind::Unavailable,
             Self::Command { .. } | Self::UnexpectedReply { .. } | Self::Runtime { .. } => {
@@ -182,6 +200,9 @@ impl From<RedisTierError> for TierError {
         TierError::new(err.tier_kind(), err.to_string()).with_source(err)
     }
 }
+
+/// The crate's results.
+pub(crate) type Result<T, E = RedisTierError> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {

@@ -7,13 +7,15 @@
 //! on a cluster, where the client's CPU is the bottleneck, that was most of
 //! the cost per key.
 //!
-//! An error reply (MOVED, ASK, NOAUTH, LOADING...), a broken or slow
-//! connection or a failed handshake is an error here and the caller asks
-//! redis-rs instead; the connection is then dropped. A reply that breaks
+//! An error reply (MOVED, ASK, NOAUTH, LOADING...), a broken connection or
+//! a failed handshake is an error here and the caller asks redis-rs
+//! instead; a server silent past the response timeout is a timeout the
+//! caller reports as such. The connection is dropped either way. A reply that breaks
 //! the protocol (an EXISTS answer other than `:0` or `:1`, a reply line
 //! without end, replies out of step) is an error on both paths: the caller
 //! checks redis-rs's answers with the same rule ([`exists_answer`], and an
-//! end marker after each pipeline, see `LeanPool::exists`). So this path
+//! end marker after each pipeline, see `LeanPool::exists`). [`LeanGate`]
+//! says when lookups try this path and counts how it went. So this path
 //! never decides an outcome redis-rs would decide differently; it only
 //! makes the common case cheap. TLS connections always go through redis-rs.
 //!
@@ -21,14 +23,16 @@
 //! long, each byte is scanned for a line end once, and the whole pipeline
 //! is bounded by the response timeout.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use kvtier_core::OffloadKey;
+use kvtier_core::{OffloadKey, Spawner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::reply::exists_answer;
 
 /// Idle connections kept per server.
 const MAX_IDLE: usize = 32;
@@ -83,20 +87,72 @@ impl std::fmt::Display for LeanError {
     }
 }
 
-/// The answer of one single-key EXISTS: `0` absent, `1` present; any other
-/// integer (negative, a count above one) is no answer EXISTS gives. Both
-/// paths read replies with this rule.
-pub(crate) fn exists_answer(n: i64) -> Option<bool> {
-    match n {
-        0 => Some(false),
-        1 => Some(true),
-        _ => None,
-    }
-}
-
 impl From<std::io::Error> for LeanError {
     fn from(e: std::io::Error) -> Self {
         Self::Io(e)
+    }
+}
+
+/// When lookups try the lean path, and how it went: the counters of
+/// [`PipelineStats`](crate::PipelineStats), and a pause after connection
+/// trouble, so that a failing server is not asked twice per chunk.
+#[derive(Debug)]
+pub(crate) struct LeanGate {
+    epoch: std::time::Instant,
+    answered: AtomicU64,
+    fallbacks: AtomicU64,
+    /// Milliseconds since `epoch` before which the lean path is not tried.
+    paused_until: AtomicU64,
+}
+
+impl LeanGate {
+    /// How long the lean path rests after connection trouble.
+    const PAUSE_MS: u64 = 1000;
+
+    pub(crate) fn new() -> Self {
+        Self {
+            epoch: std::time::Instant::now(),
+            answered: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+            paused_until: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the lean path may be tried now.
+    pub(crate) fn is_open(&self) -> bool {
+        self.now_ms() >= self.paused_until.load(Ordering::Relaxed)
+    }
+
+    /// Counts a pipeline the lean path answered.
+    pub(crate) fn answered(&self) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a pipeline handed to redis-rs after `why`. A moved slot is
+    /// redis-rs's to follow; anything else (an outage, a refused
+    /// handshake) pauses the lean path for a second.
+    pub(crate) fn fell_back(&self, why: &LeanError) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        let moved =
+            matches!(why, LeanError::Server(m) if m.starts_with("MOVED") || m.starts_with("ASK"));
+        if !moved {
+            self.paused_until.store(
+                self.now_ms().saturating_add(Self::PAUSE_MS),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Pipelines answered, and pipelines handed to redis-rs.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.fallbacks.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -127,7 +183,7 @@ impl std::fmt::Debug for Endpoint {
 #[derive(Debug)]
 pub(crate) struct LeanPool {
     endpoint: Endpoint,
-    io: tokio::runtime::Handle,
+    io: Spawner,
     idle: Mutex<Vec<Conn>>,
 }
 
@@ -138,7 +194,7 @@ struct Conn {
 }
 
 impl LeanPool {
-    pub(crate) fn new(endpoint: Endpoint, io: tokio::runtime::Handle) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, io: Spawner) -> Self {
         Self {
             endpoint,
             io,
@@ -216,8 +272,7 @@ impl LeanPool {
 
     /// A new connection, opened on the I/O runtime.
     async fn connect(&self) -> Result<Conn, LeanError> {
-        let task = self.io.spawn(Conn::open(self.endpoint.clone()));
-        match crate::connection::AbortOnDrop(task).await {
+        match self.io.spawn(Conn::open(self.endpoint.clone())).await {
             Ok(opened) => opened,
             Err(_) => Err(LeanError::Closed(
                 "before the handshake: the tier's I/O runtime stopped",

@@ -108,7 +108,7 @@ fn a_url_that_does_not_parse_is_named_masked_with_the_schemes_accepted() {
         ),
         (
             format!("redis://alice:{SECRET}@127.0.0.1:6379/notadb"),
-            "redis://alice:***@127.0.0.1:6379/notadb",
+            "redis://***@127.0.0.1:6379/notadb",
         ),
         (format!("redis:{SECRET}@127.0.0.1"), "127.0.0.1"),
         (format!("redis+unix://relative?pass={SECRET}"), "relative"),
@@ -151,5 +151,56 @@ fn insecure_tls_urls_are_refused_with_the_way_to_trust_a_private_ca() {
         );
         assert!(RedisTier::new(config).is_err());
         assert!(RedisTier::new(RedisConfig::cluster([url])).is_err());
+    }
+}
+
+/// Malformed URLs (issue 25.6): a missing host, three slashes, a bare
+/// password pasted into `url`, a forgotten `@host`. Each is refused, in
+/// `url` and as an entry of `cluster_urls`, by an error that names the
+/// field and the schemes accepted and shows the URL masked (a string
+/// without a scheme only by its length); `Debug` masks it the same way.
+#[test]
+fn malformed_urls_and_bare_passwords_never_show_their_secret() {
+    let cases = [
+        (
+            format!("redis:/u:{SECRET}@127.0.0.1:1"),
+            "\"redis:/***@127.0.0.1:1\"",
+        ),
+        (
+            format!("redis:///u:{SECRET}@127.0.0.1:1"),
+            "\"redis:///***@127.0.0.1:1\"",
+        ),
+        (SECRET.to_owned(), "\"<hidden: 11 characters>\""),
+        (format!("{SECRET}@127.0.0.1"), "\"<hidden: 21 characters>\""),
+        (format!("alice:{SECRET}"), "\"<hidden: 17 characters>\""),
+        (format!("redis://alice:{SECRET}"), "\"redis://alice:***\""),
+        (
+            format!("redis://alice:{ENCODED_SECRET}/0"),
+            "\"redis://alice:***\"",
+        ),
+    ];
+    for (url, shown) in &cases {
+        for (field, config) in [
+            ("url", RedisConfig::from_url(url.clone())),
+            (
+                "cluster_urls",
+                RedisConfig::cluster(["redis://127.0.0.1:7000/".to_owned(), url.clone()]),
+            ),
+        ] {
+            let err = RedisTier::new(config.clone()).unwrap_err();
+            let text = format!("{err}\n{err:?}\n{config:?}");
+            assert_hidden(&text, url);
+            assert!(
+                matches!(err, RedisTierError::InvalidConfig { field: f, .. } if f == field),
+                "{url}: {err:?}"
+            );
+            for needle in [*shown, "redis://", "rediss://", "redis+unix://"] {
+                assert!(text.contains(needle), "{url}: {needle:?} not in {text}");
+            }
+            // Without a scheme, not even the user name shows.
+            if shown.starts_with("\"<hidden") {
+                assert!(!text.contains("alice"), "{url}: {text}");
+            }
+        }
     }
 }

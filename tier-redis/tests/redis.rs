@@ -336,6 +336,76 @@ async fn a_wrong_password_is_a_typed_auth_error() {
     assert!(!format!("{right:?}").contains("right-password"));
 }
 
+/// A user whom an ACL denies EXISTS (issue 25.8) gets a permission error,
+/// not "authentication failed": its credentials work (stores succeed), on
+/// both lookup paths; a wrong password stays an authentication error.
+#[tokio::test]
+async fn a_user_denied_exists_by_an_acl_gets_a_permission_error() {
+    let Some(redis) = support::binary(
+        "redis-server",
+        "a_user_denied_exists_by_an_acl_gets_a_permission_error",
+    ) else {
+        return;
+    };
+    let server = PrivateServer::redis(redis);
+    let admin = redis::Client::open(server.url()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "no-exists",
+            "reset",
+            "on",
+            ">user-password",
+            "~*",
+            "+@all",
+            "-exists",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let keys = unique_keys(2, 36);
+    for lean_pipelines in [true, false] {
+        let tier = RedisTier::new(RedisConfig {
+            username: Some("no-exists".into()),
+            password: Some("user-password".into()),
+            lean_pipelines,
+            ..RedisConfig::from_url(server.url())
+        })
+        .unwrap();
+        tier.store(&keys[0], b"allowed").await.unwrap();
+        let err = tier.exists_many(&keys).await.unwrap_err();
+        assert!(
+            matches!(err, RedisTierError::Permission { .. }),
+            "lean {lean_pipelines}: {err:?}"
+        );
+        assert_eq!(err.tier_kind(), TierErrorKind::PermissionDenied);
+        let shown = err.to_string();
+        assert!(
+            shown.contains("permission denied") && !shown.contains("authentication"),
+            "{shown}"
+        );
+        assert!(
+            !format!("{shown} {err:?}").contains("user-password"),
+            "{shown}"
+        );
+        let tier_err = tier
+            .batch_lookup(&keys, &ReqContext::new("r"))
+            .await
+            .unwrap_err();
+        assert_eq!(tier_err.kind(), TierErrorKind::PermissionDenied);
+        assert!(!tier_err.is_transient());
+    }
+    let wrong = RedisTier::new(RedisConfig {
+        username: Some("no-exists".into()),
+        password: Some("wrong-password".into()),
+        ..RedisConfig::from_url(server.url())
+    })
+    .unwrap();
+    let err = wrong.exists_many(&keys).await.unwrap_err();
+    assert!(matches!(err, RedisTierError::Auth { .. }), "{err:?}");
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_a_fast_typed_error() {
     let port = support::free_port();

@@ -209,3 +209,43 @@ fn calls_after_the_callers_runtime_is_gone_are_typed_errors() {
         assert!(err.kind().is_transient(), "{name}: {err:?}");
     }
 }
+
+/// A tier keeps the dedicated spawner it was built with alive: the caller
+/// drops its clone, and stores, loads and lookups (direct and through a
+/// manager) still run on that spawner's runtime.
+#[test]
+fn a_tier_keeps_a_dedicated_spawner_it_was_given_alive() {
+    for (name, config) in configs("a_tier_keeps_a_dedicated_spawner_it_was_given_alive") {
+        let spawner = Spawner::dedicated("kvtier-redis-given", 1).unwrap();
+        let tier = Arc::new(RedisTier::with_spawner(config, &spawner).unwrap());
+        drop(spawner);
+        let keys = unique_keys(4, 36);
+        let rt = short_lived_runtime(false);
+        rt.block_on(async {
+            tier.store(&keys[0], b"spawner dropped").await.unwrap();
+            assert_eq!(
+                tier.load(&keys[0]).await.unwrap().as_deref(),
+                Some(&b"spawner dropped"[..]),
+                "{name}"
+            );
+            assert_eq!(
+                tier.exists_many(&keys).await.unwrap(),
+                [true, false, false, false],
+                "{name}"
+            );
+        });
+        let mut m = tier.manager(ManagerConfig::default()).unwrap();
+        assert_eq!(
+            verdicts(&mut m, &keys, "given")[..],
+            [
+                LookupVerdict::Hit,
+                LookupVerdict::Miss,
+                LookupVerdict::Miss,
+                LookupVerdict::Miss
+            ],
+            "{name}"
+        );
+        rt.block_on(tier.remove_many(&keys)).unwrap();
+        m.shutdown();
+    }
+}

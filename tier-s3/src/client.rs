@@ -13,6 +13,7 @@ use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{Credentials, Region};
 
 use crate::config::MAX_DURATION_MS;
+use crate::endpoint::CachedEndpoints;
 use crate::error::is_connection_refused;
 use crate::{S3Config, S3TierError};
 
@@ -57,7 +58,8 @@ pub(crate) async fn build(config: &S3Config) -> Result<aws_sdk_s3::Client, S3Tie
         .force_path_style(config.force_path_style)
         .timeout_config(timeouts)
         .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
-        .retry_classifier(NoRetryWhenRefused);
+        .retry_classifier(NoRetryWhenRefused)
+        .endpoint_resolver(CachedEndpoints::new());
     if let Some(chain) = shared.credentials_provider()
         && config.access_key_id.is_none()
         && config.credentials_from_aws_chain

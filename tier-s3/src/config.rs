@@ -18,7 +18,7 @@ use crate::S3TierError;
 /// endpoint = "http://127.0.0.1:9000"   # omit for AWS S3
 /// force_path_style = true              # MinIO, Ceph, Garage, s3s
 /// max_concurrent_requests = 64
-/// io_threads = 2
+/// io_threads = 1
 /// ```
 ///
 /// `Debug` never shows the secret key or session token.
@@ -31,7 +31,10 @@ pub struct S3Config {
     pub prefix: String,
     /// Region; default from the AWS chain, else `us-east-1`.
     pub region: Option<String>,
-    /// Endpoint URL of an S3-compatible server; default AWS S3.
+    /// Endpoint URL of an S3-compatible server; default AWS S3. An http or
+    /// https URL with a host, without credentials (`user:password@` is
+    /// refused: they go in `access_key_id` / `secret_access_key`), query or
+    /// fragment.
     pub endpoint: Option<String>,
     /// Path-style addressing (`endpoint/bucket/key`), for most non-AWS servers. Default false.
     pub force_path_style: bool,
@@ -67,7 +70,10 @@ pub struct S3Config {
     pub bucket_recheck_ms: u64,
     /// Worker threads of the runtime that [`S3Tier::new`](crate::S3Tier::new)
     /// starts for the tier's requests (ignored by
-    /// [`S3Tier::with_spawner`](crate::S3Tier::with_spawner)). Default 2.
+    /// [`S3Tier::with_spawner`](crate::S3Tier::with_spawner)). Default 1: a
+    /// call's requests and their connections then run on one thread, with
+    /// no hand-over between threads per request; more threads help only
+    /// when signing and parsing outrun one core.
     pub io_threads: usize,
 }
 
@@ -88,7 +94,7 @@ impl Default for S3Config {
             max_attempts: 3,
             credentials_from_aws_chain: true,
             bucket_recheck_ms: 1000,
-            io_threads: 2,
+            io_threads: 1,
         }
     }
 }
@@ -254,30 +260,27 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
     if parsed.query().is_some() || parsed.fragment().is_some() {
         return Err("must not have a query or fragment".to_owned());
     }
+    // The SDK would log them (hyper's connection pool at DEBUG names each
+    // connection by its authority) and never use them.
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(
+            "must not hold credentials (user:password@): requests are signed with \
+             access_key_id / secret_access_key (and session_token), or with credentials \
+             from the AWS chain"
+                .to_owned(),
+        );
+    }
     endpoint
         .parse::<http::Uri>()
         .map_err(|e| format!("not a valid URI: {e}"))?;
     Ok(())
 }
 
-/// The password in an endpoint's userinfo (`scheme://user:password@host`),
-/// if any: the part between the first `:` and the last `@` of what follows
-/// the scheme. Generous on purpose: it also finds it in endpoints that do
-/// not parse.
-pub(crate) fn endpoint_password(endpoint: &str) -> Option<(usize, usize)> {
-    let start = endpoint.find("://").map_or(0, |i| i + 3);
-    let at = start + endpoint[start..].rfind('@')?;
-    let colon = start + endpoint[start..at].find(':')?;
-    (colon + 1 < at).then_some((colon + 1, at))
-}
-
-/// `endpoint` with the password of its userinfo replaced by `***`, for
-/// `Debug`, logs and errors.
+/// `endpoint` as `Debug`, logs and errors show it:
+/// [`kvtier_core::redact_url`], which masks its userinfo, query and
+/// fragment, even in an endpoint that does not parse.
 pub(crate) fn redact_endpoint(endpoint: &str) -> String {
-    match endpoint_password(endpoint) {
-        Some((from, to)) => format!("{}***{}", &endpoint[..from], &endpoint[to..]),
-        None => endpoint.to_owned(),
-    }
+    kvtier_core::redact_url(endpoint, &[])
 }
 
 #[cfg(test)]
@@ -285,26 +288,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn endpoint_passwords_are_redacted_even_in_endpoints_that_do_not_parse() {
-        for (raw, shown) in [
-            ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
-            ("http://user@host:9000/", "http://user@host:9000/"),
-            ("http://user:pw@host:9000/", "http://user:***@host:9000/"),
-            ("https://u:p@ss:w/rd@host", "https://u:***@host"),
-            ("ftp://u:secret@", "ftp://u:***@"),
-            ("u:secret@host", "u:***@host"),
-        ] {
-            assert_eq!(redact_endpoint(raw), shown, "{raw}");
-        }
-    }
-
-    #[test]
     fn endpoints_are_checked_like_the_sdk_does() {
         for good in [
             "http://127.0.0.1:9000",
             "https://s3.example.com",
             "http://[::1]:9000/",
-            "http://u:p@minio:9000",
         ] {
             assert_eq!(check_endpoint(good), Ok(()), "{good}");
         }
@@ -316,6 +304,9 @@ mod tests {
             "http://",
             "http://a b",
             "http://h/#frag",
+            "http://u:p@minio:9000",
+            "http://user@minio:9000",
+            "https://:p@s3.example.com",
         ] {
             assert!(check_endpoint(bad).is_err(), "{bad}");
         }

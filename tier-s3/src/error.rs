@@ -220,22 +220,13 @@ pub(crate) fn classify_response(status: u16, code: &str) -> ResponseClass {
 }
 
 /// Where an error happened, for its message: the tier's bucket and
-/// endpoint, and the endpoint's password to scrub from SDK texts.
+/// endpoint (an endpoint holds no credentials: they are refused).
 pub(crate) struct ErrorContext<'a> {
     pub(crate) bucket: &'a str,
     pub(crate) endpoint: &'a str,
-    pub(crate) endpoint_secret: Option<&'a str>,
 }
 
 impl ErrorContext<'_> {
-    /// `text` with the endpoint's password, if any, replaced by `***`.
-    pub(crate) fn scrub(&self, text: String) -> String {
-        match self.endpoint_secret {
-            Some(secret) if text.contains(secret) => text.replace(secret, "***"),
-            _ => text,
-        }
-    }
-
     /// The error of `class` (not [`ResponseClass::NotFound`], which the
     /// caller answers), for a response of `status` / `code` / `message`.
     pub(crate) fn response_error(
@@ -248,7 +239,7 @@ impl ErrorContext<'_> {
     ) -> S3TierError {
         let bucket = self.bucket.to_owned();
         let endpoint = self.endpoint.to_owned();
-        let detail = self.scrub(format!("HTTP {status} {code} {message}").trim().to_owned());
+        let detail = format!("HTTP {status} {code} {message}").trim().to_owned();
         match class {
             ResponseClass::NoSuchBucket => S3TierError::Configuration {
                 bucket,
@@ -265,7 +256,7 @@ impl ErrorContext<'_> {
                 reason: if code.is_empty() {
                     format!("HTTP {status}: access denied or wrong credentials")
                 } else {
-                    self.scrub(format!("{code}: {message}"))
+                    format!("{code}: {message}")
                 },
             },
             ResponseClass::Throttled => S3TierError::Throttled {
@@ -345,7 +336,7 @@ where
             status: 0,
             reason: format!(
                 "no credentials found; looked in {CREDENTIAL_SOURCES} ({})",
-                cx.scrub(one_line(whole))
+                one_line(whole)
             ),
         },
         (_, Some(CredentialsError::InvalidConfiguration(_))) => S3TierError::Configuration {
@@ -353,7 +344,7 @@ where
             endpoint,
             op,
             status: 0,
-            reason: format!("bad credentials: {}", cx.scrub(one_line(whole))),
+            reason: format!("bad credentials: {}", one_line(whole)),
         },
         (_, Some(CredentialsError::ProviderTimedOut(_))) => S3TierError::Timeout {
             bucket,
@@ -364,10 +355,7 @@ where
             bucket,
             endpoint,
             op,
-            detail: format!(
-                "the credentials provider failed: {}",
-                cx.scrub(one_line(whole))
-            ),
+            detail: format!("the credentials provider failed: {}", one_line(whole)),
         },
         (SdkError::TimeoutError(_), None) => S3TierError::Timeout {
             bucket,
@@ -393,7 +381,7 @@ where
             bucket,
             endpoint,
             op,
-            detail: cx.scrub(one_line(whole)),
+            detail: one_line(whole),
         },
         (SdkError::ServiceError(service), None) => {
             let status = service.raw().status().as_u16();
@@ -405,13 +393,13 @@ where
             bucket,
             endpoint,
             op,
-            detail: format!("unreadable response: {}", cx.scrub(one_line(whole))),
+            detail: format!("unreadable response: {}", one_line(whole)),
         },
         (_, None) => S3TierError::Other {
             bucket,
             endpoint,
             op,
-            detail: cx.scrub(one_line(whole)),
+            detail: one_line(whole),
         },
     }
 }
@@ -493,13 +481,12 @@ mod tests {
     }
 
     /// The error each class becomes keeps the kind the table says, and its
-    /// message scrubs the endpoint's password.
+    /// message names the bucket.
     #[test]
     fn response_errors_have_the_kind_of_their_class() {
         let cx = ErrorContext {
             bucket: "b",
-            endpoint: "http://u:***@h",
-            endpoint_secret: Some("hunter2"),
+            endpoint: "http://h",
         };
         for (status, code) in [
             (503, "SlowDown"),
@@ -511,11 +498,10 @@ mod tests {
             (409, "OperationAborted"),
         ] {
             let class = classify_response(status, code);
-            let err = cx.response_error("HeadObject", class, status, code, "at hunter2");
+            let err = cx.response_error("HeadObject", class, status, code, "message");
             assert_eq!(Some(err.tier_kind()), class.kind(), "{status} {code}");
             let shown = err.to_string();
             assert!(shown.contains("s3://b"), "{shown}");
-            assert!(!shown.contains("hunter2"), "{shown}");
         }
     }
 }

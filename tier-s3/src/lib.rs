@@ -18,15 +18,24 @@
 //! - **Configuration** is checked by [`S3Tier::new`]: anything the SDK would
 //!   panic on (a control character in the region or a credential, timeouts
 //!   that overflow) and an endpoint that is not an http(s) URL are
-//!   [`S3TierError::InvalidConfig`]. [`S3Tier::check`] contacts the server
-//!   at start-up, to fail fast. No `Debug` output or error shows a secret,
-//!   including the password of an endpoint URL.
+//!   [`S3TierError::InvalidConfig`], and so is an endpoint that holds
+//!   credentials (`user:password@`): they go in `access_key_id` /
+//!   `secret_access_key`. [`S3Tier::check`] contacts the server at
+//!   start-up, to fail fast.
+//! - **Secrets.** No `Debug` output, error or log line shows a secret:
+//!   endpoints are shown masked ([`kvtier_core::redact_url`]), and the
+//!   SDK's requests run under the program's log subscriber less the
+//!   SDK's TRACE dumps of whole requests (targets `aws_sigv4` and
+//!   `aws_smithy_runtime::client::orchestrator`), which print the session
+//!   token; every other SDK line, at every level, is logged.
 //! - **Runtime.** Every request runs on a runtime the tier starts and owns
-//!   ([`S3Tier::new`], `io_threads` threads) or one the caller hands in
-//!   ([`S3Tier::with_spawner`]), never on the caller's: the SDK's connection
-//!   pool keeps each connection's task on the runtime that opened it, and a
-//!   store from a short-lived runtime would otherwise leave connections
-//!   behind that later lookups wait on.
+//!   ([`S3Tier::new`]: a [`Spawner::dedicated`](kvtier_core::Spawner::dedicated)
+//!   of `io_threads` threads) or the [`Spawner`](kvtier_core::Spawner) the
+//!   caller hands in ([`S3Tier::with_spawner`]), which the tier keeps alive;
+//!   never on the caller's: the SDK's connection pool keeps each
+//!   connection's task on the runtime that opened it, and a store from a
+//!   short-lived runtime would otherwise leave connections behind that
+//!   later lookups wait on.
 //! - **One interface.** Blocks are stored, loaded and removed through
 //!   [`BlockStore`](kvtier_core::BlockStore) (batched forms run concurrent
 //!   requests); lookups are [`Tier::batch_lookup`](kvtier_core::Tier), or
@@ -35,8 +44,10 @@
 //!
 //! Files: `config.rs` ([`S3Config`] and its validation), `error.rs`
 //! ([`S3TierError`] and the classification of S3 errors, a pure function of
-//! status and error code), `client.rs` (the SDK client), `spawn.rs` (the
-//! runtime requests run on), `tier.rs` ([`S3Tier`]).
+//! status and error code), `client.rs` (the SDK client), `endpoint.rs` (the SDK's
+//! endpoint resolver, its answers kept), `logs.rs` (what the SDK may
+//! log), `requests.rs` (the S3 requests, their limits and the bucket
+//! check), `tier.rs` ([`S3Tier`]: each call one task on the I/O runtime).
 //!
 //! The client is made by [`S3Tier::new`], which reads credentials from the
 //! configuration or from the standard AWS chain (environment, profile,
@@ -78,10 +89,13 @@
 
 mod client;
 mod config;
+mod endpoint;
 mod error;
-mod spawn;
+mod logs;
+mod requests;
 mod tier;
 
 pub use config::S3Config;
 pub use error::S3TierError;
-pub use tier::{S3Stats, S3Tier};
+pub use requests::S3Stats;
+pub use tier::S3Tier;

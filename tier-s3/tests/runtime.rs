@@ -238,3 +238,41 @@ fn a_tier_and_its_manager_on_one_spawner_answer_exactly() {
     assert_eq!(manager.stats().errors + manager.stats().timeouts, 0);
     manager.shutdown();
 }
+
+/// A tier keeps its spawner's runtime alive: the caller may drop the
+/// dedicated `Spawner` it built the tier with, and the tier's stores,
+/// loads and lookups (direct and through a manager) still run.
+#[test]
+fn a_tier_keeps_a_dedicated_spawner_it_was_given_alive() {
+    let Some(config) = config("a_tier_keeps_a_dedicated_spawner_it_was_given_alive") else {
+        return;
+    };
+    let spawner = Spawner::dedicated("kvtier-s3-given", 1).unwrap();
+    let caller = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tier = Arc::new(
+        caller
+            .block_on(S3Tier::with_spawner(config, &spawner))
+            .unwrap(),
+    );
+    drop(spawner);
+    let keys = unique_keys(4, 36);
+    caller.block_on(async {
+        BlockStore::store(&*tier, &keys[0], b"spawner dropped")
+            .await
+            .unwrap();
+        assert_eq!(
+            BlockStore::load(&*tier, &keys[0]).await.unwrap().as_deref(),
+            Some(&b"spawner dropped"[..])
+        );
+        assert_eq!(
+            tier.exists_many(&keys).await.unwrap(),
+            [true, false, false, false]
+        );
+    });
+    let mut manager = tier.manager(ManagerConfig::named("s3-given")).unwrap();
+    assert_eq!(verdicts(&mut manager, &keys), [true, false, false, false]);
+    manager.shutdown();
+}

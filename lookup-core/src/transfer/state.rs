@@ -256,7 +256,7 @@ impl Shared {
                         .spawn_blocking(move || run.run_blocking(&handle)),
                 );
             } else {
-                self.spawner.spawn(run.run_async());
+                self.spawner.spawn_detached(run.run_async());
             }
         }
     }

@@ -1,0 +1,181 @@
+//! Stores: [`BlockStore`] for [`RedisTier`] (`SET`, `GET` / `MGET`,
+//! `DEL`, one pipeline per chunk of each shard) and `SET NX`.
+
+use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, TierError};
+use redis::{Pipeline, Value};
+
+use crate::error::Result;
+use crate::reply;
+use crate::tier::RedisTier;
+
+impl RedisTier {
+    /// Stores `payload` under `key` only if the key is absent, with the
+    /// configured [`ttl_ms`](crate::RedisConfig::ttl_ms); returns whether it was
+    /// stored (`SET NX`).
+    ///
+    /// # Errors
+    /// A classified [`RedisTierError`](crate::RedisTierError).
+    pub async fn store_nx(&self, key: &OffloadKey, payload: &[u8]) -> Result<bool> {
+        let mut cmd = self.set_cmd(key, payload);
+        cmd.arg("NX");
+        let reply: Option<String> = self.bounded("SET NX", self.query("SET NX", cmd)).await?;
+        Ok(reply.is_some())
+    }
+
+    /// `SET <prefix><key> <payload>`, with `PX` when a TTL is configured.
+    fn set_cmd(&self, key: &OffloadKey, payload: &[u8]) -> redis::Cmd {
+        let mut cmd = self.key_cmd("SET", key);
+        cmd.arg(payload);
+        if let Some(ttl) = self.config.ttl_ms {
+            cmd.arg("PX").arg(ttl);
+        }
+        cmd
+    }
+}
+
+/// Blocks are stored with `SET` (with `PX` when the configuration sets
+/// [`ttl_ms`](crate::RedisConfig::ttl_ms)), loaded with `GET` and removed with
+/// `DEL`. The batched forms send one pipeline per chunk of
+/// [`pipeline_chunk`](crate::RedisConfig::pipeline_chunk) keys (`MGET` on a single
+/// server), on a cluster per master with the masters in parallel; a chunk
+/// whose pipeline fails on a cluster, as during resharding, is done again
+/// key by key, following MOVED. Every call is bounded by the response
+/// timeout plus the connect timeout.
+impl BlockStore for RedisTier {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        let _: Value = self
+            .bounded("SET", self.query("SET", self.set_cmd(key, block)))
+            .await?;
+        Ok(())
+    }
+
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        let value: Value = self
+            .bounded("GET", self.query("GET", self.key_cmd("GET", key)))
+            .await?;
+        Ok(reply::payload(value).map_err(|detail| self.unexpected("GET", &detail))?)
+    }
+
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        let _: i64 = self
+            .bounded("DEL", self.query("DEL", self.key_cmd("DEL", key)))
+            .await?;
+        Ok(())
+    }
+
+    async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&OffloadKey> = blocks.iter().map(|(key, _)| key).collect();
+        self.bounded(
+            "SET pipeline",
+            self.per_shard(
+                "SET pipeline",
+                &keys,
+                |target, chunk| async move {
+                    self.key_pipeline("SET pipeline", &target, &chunk, |pipe, pos| {
+                        let (key, block) = &blocks[pos];
+                        pipe.add_command(self.set_cmd(key, block));
+                    })
+                    .await
+                    .map(|values| vec![(); values.len()])
+                },
+                |pos| async move {
+                    let (key, block) = &blocks[pos];
+                    let _: Value = self.query("SET", self.set_cmd(key, block)).await?;
+                    Ok(())
+                },
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn load_many(&self, keys: &[OffloadKey]) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<&OffloadKey> = keys.iter().collect();
+        let keys = &keys[..];
+        let payloads = |values: Vec<Value>| -> Result<Vec<Option<Vec<u8>>>> {
+            values
+                .into_iter()
+                .map(reply::payload)
+                .collect::<Result<_, _>>()
+                .map_err(|detail| self.unexpected("GET pipeline", &detail))
+        };
+        Ok(self
+            .bounded(
+                "GET pipeline",
+                self.per_shard(
+                    "GET pipeline",
+                    keys,
+                    |target, chunk| async move {
+                        if !target.spans_slots() {
+                            let values = self
+                                .key_pipeline("GET pipeline", &target, &chunk, |pipe, pos| {
+                                    pipe.add_command(self.key_cmd("GET", keys[pos]));
+                                })
+                                .await?;
+                            return payloads(values);
+                        }
+                        // A single server: one MGET per chunk.
+                        let mut mget = redis::cmd("MGET");
+                        for &(pos, _) in &chunk {
+                            mget.arg(self.full_key(keys[pos]));
+                        }
+                        let mut pipe = Pipeline::with_capacity(1);
+                        pipe.add_command(mget);
+                        let values = self
+                            .conn
+                            .pipeline(&target, pipe, 1)
+                            .await
+                            .map_err(|e| self.err("MGET", e))?;
+                        let values = reply::mget_values(values, chunk.len())
+                            .map_err(|detail| self.unexpected("MGET", &detail))?;
+                        payloads(values)
+                    },
+                    |pos| async move {
+                        let value: Value =
+                            self.query("GET", self.key_cmd("GET", keys[pos])).await?;
+                        reply::payload(value).map_err(|detail| self.unexpected("GET", &detail))
+                    },
+                ),
+            )
+            .await?)
+    }
+
+    async fn remove_many(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<&OffloadKey> = keys.iter().collect();
+        let keys = &keys[..];
+        self.bounded(
+            "DEL pipeline",
+            self.per_shard(
+                "DEL pipeline",
+                keys,
+                |target, chunk| async move {
+                    self.key_pipeline("DEL pipeline", &target, &chunk, |pipe, pos| {
+                        pipe.add_command(self.key_cmd("DEL", keys[pos]));
+                    })
+                    .await
+                    .map(|values| vec![(); values.len()])
+                },
+                |pos| async move {
+                    let _: i64 = self.query("DEL", self.key_cmd("DEL", keys[pos])).await?;
+                    Ok(())
+                },
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Named `redis` unless `config` names it.
+    fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
+        config.or_named("redis")
+    }
+}
