@@ -1,4 +1,5 @@
-//! `kvtier.TierStack`: several managers, one prefix question.
+//! `kvtier.TierStack`: several managers, one prefix question. Its members
+//! are the managers' own state, shared with their Python objects.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -12,6 +13,7 @@ use kvtier_core::{
 };
 
 use crate::convert;
+use crate::errors;
 use crate::manager::{Inner, PyManager, stats_dict};
 
 /// A manager shared between its Python object and a stack.
@@ -22,35 +24,35 @@ impl DynLookupManager for Member {
         &self.0.tier_name
     }
     fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupVerdict, LookupError> {
-        self.0.lock().manager.lookup(key, ctx)
+        self.0.lock().backend.lookup(key, ctx)
     }
     fn lookup_prefix(
         &mut self,
         keys: &[OffloadKey],
         ctx: &ReqContext,
     ) -> Result<PrefixVerdict, LookupError> {
-        self.0.lock().manager.lookup_prefix(keys, ctx)
+        self.0.lock().backend.lookup_prefix(keys, ctx)
     }
     fn flush(&mut self) {
-        self.0.lock().manager.flush();
+        self.0.lock().backend.flush();
     }
     fn drain_results(&mut self) {
-        self.0.lock().manager.drain_results();
+        self.0.lock().backend.drain_results();
     }
     fn mark_miss(&mut self, keys: &[OffloadKey]) {
-        self.0.lock().manager.mark_miss(keys);
+        self.0.lock().backend.mark_miss(keys);
     }
     fn cleanup(&mut self, req_id: &str) {
-        self.0.lock().manager.cleanup(req_id);
+        self.0.lock().backend.cleanup(req_id);
     }
     fn stats(&self) -> ManagerStats {
-        self.0.lock().manager.stats()
+        self.0.lock().backend.stats()
     }
     fn is_idle(&self) -> bool {
-        self.0.lock().manager.is_idle()
+        self.0.lock().backend.is_idle()
     }
     fn shutdown(&mut self) -> ShutdownReport {
-        self.0.lock().manager.shutdown()
+        self.0.lock().backend.shutdown()
     }
 }
 
@@ -125,7 +127,7 @@ impl PyTierStack {
         let ctx = ReqContext::new(convert::req_id(req_context)?);
         let verdict = self
             .with_stack(py, |s| s.lookup_prefix(&keys, &ctx))
-            .map_err(crate::manager::lookup_err)?;
+            .map_err(errors::lookup_error)?;
         Ok(match verdict {
             StackVerdict::Pending => None,
             StackVerdict::Ready { locations } => Some(locations),
