@@ -253,3 +253,52 @@ def test_shutdown_unlocks_the_disk_directory(tmp_path):
         again.shutdown()
     del m
 
+
+ERROR_CLASSES = {
+    # class name: (kind, built-in exception it also is, if any)
+    "TierConnectionError": ("unavailable", ConnectionError),
+    "TierTimeoutError": ("timeout", TimeoutError),
+    "TierThrottledError": ("throttled", None),
+    "TierConfigError": ("config", None),
+    "TierInvalidInputError": ("invalid_input", ValueError),
+    "TierDataError": ("corrupt", None),
+}
+
+
+def test_each_error_kind_has_a_tier_error_subclass_exported_by_kvtier():
+    for name, (_, builtin) in ERROR_CLASSES.items():
+        cls = getattr(kvtier, name)
+        assert name in kvtier.__all__
+        assert issubclass(cls, kvtier.TierError) and issubclass(cls, kvtier.KvtierError)
+        assert cls.__module__ == "kvtier" and cls.__doc__
+        if builtin is not None:
+            assert issubclass(cls, builtin)
+
+
+def expect_tier_error(call, cls_name):
+    cls = getattr(kvtier, cls_name)
+    with pytest.raises(cls) as err:
+        call()
+    assert err.value.kind == ERROR_CLASSES[cls_name][0]
+    return err.value
+
+
+def test_a_failed_store_raises_the_subclass_of_its_kind(tmp_path):
+    (url,) = require_env("KVTIER_REDIS_URL")
+    endpoint, bucket = require_env("KVTIER_S3_ENDPOINT", "KVTIER_S3_BUCKET")
+    unreachable = kvtier.RedisLookupManager(url=f"redis://127.0.0.1:{free_port()}/",
+                                            connect_timeout_ms=200, response_timeout_ms=200)
+    refused = kvtier.RedisLookupManager(url=url, username="nobody", password="wrong")
+    no_bucket = kvtier.S3LookupManager(bucket="kvtier-no-such-bucket", endpoint=endpoint,
+                                       force_path_style=True, max_attempts=1)
+    local = disk(tmp_path)
+    try:
+        e = expect_tier_error(lambda: unreachable.store(key(1), b"x"), "TierConnectionError")
+        assert isinstance(e, ConnectionError) and "redis store" in str(e)
+        expect_tier_error(lambda: refused.load(key(1)), "TierConfigError")
+        expect_tier_error(lambda: no_bucket.store(key(1), b"x"), "TierConfigError")
+        e = expect_tier_error(lambda: local.store(b"short", b"x"), "TierInvalidInputError")
+        assert isinstance(e, ValueError)
+    finally:
+        for m in (unreachable, refused, no_bucket, local):
+            m.shutdown()

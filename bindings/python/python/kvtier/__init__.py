@@ -5,6 +5,14 @@ same name: subclass it and override ``batch_lookup``. ``RedisLookupManager``,
 ``S3LookupManager`` and ``DiskLookupManager`` are native tiers whose lookups
 never take the GIL. See README.md in ``bindings/python``.
 
+A failed ``store``, ``load`` or ``remove`` raises a subclass of ``TierError``
+that says why: ``TierConnectionError`` (also a ``ConnectionError``),
+``TierTimeoutError`` (also a ``TimeoutError``) and ``TierThrottledError`` may
+succeed later; ``TierConfigError`` (credentials, permissions, a missing
+bucket) will not; ``TierInvalidInputError`` (also a ``ValueError``) rejects
+the argument; ``TierDataError`` is stored data that failed its checks. The
+exception's ``kind`` is the kind's name.
+
 After ``shutdown()``, ``lookup``, ``lookup_many``, ``lookup_prefix``,
 ``store``, ``load`` and ``remove`` raise ``ShutDownError``; ``flush`` and
 ``drain_results`` do nothing; ``cleanup``, ``mark_miss`` and ``stats`` still
@@ -16,7 +24,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ._kvtier import KvtierError, ShutDownError, TierError, TierStack, _Manager
+from ._kvtier import (
+    KvtierError,
+    ShutDownError,
+    TierConfigError,
+    TierConnectionError,
+    TierDataError,
+    TierError,
+    TierInvalidInputError,
+    TierStack,
+    TierThrottledError,
+    TierTimeoutError,
+    _Manager,
+)
 
 __all__ = [
     "AsyncLookupManager",
@@ -25,8 +45,14 @@ __all__ = [
     "RedisLookupManager",
     "S3LookupManager",
     "ShutDownError",
+    "TierConfigError",
+    "TierConnectionError",
+    "TierDataError",
     "TierError",
+    "TierInvalidInputError",
     "TierStack",
+    "TierThrottledError",
+    "TierTimeoutError",
 ]
 
 

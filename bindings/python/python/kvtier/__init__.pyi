@@ -8,8 +8,14 @@ __all__ = [
     "RedisLookupManager",
     "S3LookupManager",
     "ShutDownError",
+    "TierConfigError",
+    "TierConnectionError",
+    "TierDataError",
     "TierError",
+    "TierInvalidInputError",
     "TierStack",
+    "TierThrottledError",
+    "TierTimeoutError",
 ]
 
 class _HasReqId(Protocol):
@@ -17,8 +23,19 @@ class _HasReqId(Protocol):
     def req_id(self) -> str: ...
 
 class KvtierError(Exception): ...
-class TierError(KvtierError): ...
 class ShutDownError(KvtierError): ...
+
+class TierError(KvtierError):
+    kind: str
+    """The error kind's name: "unavailable", "timeout", "throttled", "config",
+    "invalid_input", "corrupt", "wrong_result_count", "panicked" or "other"."""
+
+class TierConnectionError(TierError, ConnectionError): ...
+class TierTimeoutError(TierError, TimeoutError): ...
+class TierThrottledError(TierError): ...
+class TierConfigError(TierError): ...
+class TierInvalidInputError(TierError, ValueError): ...
+class TierDataError(TierError): ...
 
 class _Manager:
     @property
