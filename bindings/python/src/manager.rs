@@ -281,9 +281,11 @@ impl PyManager {
             .install(Inner::new(backend, None, None, Some(blocks)))
     }
 
-    /// The tier's name.
+    /// The manager's name in stats, logs and metrics: `tier_name=` if
+    /// given, else the tier's type. (The type itself is the Python
+    /// attribute `tier_type`, set by each class's `__init__`.)
     #[getter]
-    fn tier_type(&self) -> PyResult<String> {
+    fn tier_name(&self) -> PyResult<String> {
         Ok(self.inner()?.tier_name.clone())
     }
 

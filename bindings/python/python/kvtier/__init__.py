@@ -72,6 +72,7 @@ class AsyncLookupManager(_Manager):
 
     def __init__(self, tier_type: str, **config: Any) -> None:
         self._init_python_tier(tier_type, config)
+        self.tier_type = tier_type
 
     def batch_lookup(self, keys: list[bytes], req_context: Any) -> Iterable[bool]:
         """Whether each key exists in the tier; one bool per key, in order."""
@@ -90,6 +91,7 @@ class RedisLookupManager(_Manager):
 
     def __init__(self, **config: Any) -> None:
         self._init_native("redis", config)
+        self.tier_type = "redis"
 
     store = _Manager._store
     load = _Manager._load
@@ -101,6 +103,7 @@ class S3LookupManager(_Manager):
 
     def __init__(self, **config: Any) -> None:
         self._init_native("s3", config)
+        self.tier_type = "s3"
 
     store = _Manager._store
     load = _Manager._load
@@ -112,6 +115,7 @@ class DiskLookupManager(_Manager):
 
     def __init__(self, **config: Any) -> None:
         self._init_native("disk", config)
+        self.tier_type = "disk"
 
     store = _Manager._store
     load = _Manager._load
