@@ -72,33 +72,35 @@ impl Inner {
         keys: &Bound<'py, PyAny>,
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        // Nothing in this closure releases the GIL or runs Python code.
-        let fast = convert::with_key_objects(keys, |objects| {
-            let mut list = match VerdictList::new(py, objects.len()) {
-                Ok(list) => list,
-                Err(e) => return Ok(Err(e)),
-            };
-            let done = self
-                .try_known_ctx(req_context, |backend, ctx, memo| {
-                    memo.count(objects.len());
-                    // SAFETY: the GIL is held (fast path) and the keys'
-                    // objects are alive (see `with_key_objects`).
-                    each_backend!(backend, m => unsafe {
-                        lookup_each(py, m, ctx, memo, objects, &mut list)
+        // The answer list is made before the keys are borrowed (making it
+        // may run the garbage collector); nothing in the closure releases
+        // the GIL, allocates a Python object or runs Python code.
+        let fast = convert::with_key_objects(
+            keys,
+            |len| VerdictList::new(py, len),
+            |objects, mut list| {
+                let done = self
+                    .try_known_ctx(req_context, |backend, ctx, memo| {
+                        memo.count(objects.len());
+                        // SAFETY: the GIL is held (fast path) and the keys'
+                        // objects are alive (see `with_key_objects`).
+                        each_backend!(backend, m => unsafe {
+                            lookup_each(py, m, ctx, memo, objects, &mut list)
+                        })
                     })
-                })
-                .map_err(drop);
-            match done {
-                Ok(Ok(())) => Ok(Ok(list.finish())),
-                Ok(Err(e)) => Ok(Err(errors::lookup_error(e))),
-                // Copied out before the slow path may release the GIL.
-                // SAFETY: the objects are alive and the GIL held.
-                Err(_) => Err(objects
-                    .iter()
-                    .map(|k| unsafe { k.key() })
-                    .collect::<Vec<_>>()),
-            }
-        })?;
+                    .map_err(drop);
+                match done {
+                    Ok(Ok(())) => Ok(Ok(list.finish())),
+                    Ok(Err(e)) => Ok(Err(errors::lookup_error(e))),
+                    // Copied out before the slow path may release the GIL.
+                    // SAFETY: the objects are alive and the GIL held.
+                    Err(_) => Err(objects
+                        .iter()
+                        .map(|k| unsafe { k.key() })
+                        .collect::<Vec<_>>()),
+                }
+            },
+        )?;
         let keys = match fast {
             Ok(done) => return done,
             Err(keys) => keys,
@@ -128,25 +130,30 @@ impl Inner {
         keys: &Bound<'_, PyAny>,
         req_context: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
-        // Nothing in this closure releases the GIL or runs Python code.
-        let fast = convert::with_key_objects(keys, |objects| {
-            let done = self.try_known_ctx(req_context, |m, ctx, memo| {
-                memo.count(objects.len());
-                let keys: Vec<OffloadKey> = objects
-                    .iter()
-                    // SAFETY: as in `lookup_many`.
-                    .map(|&k| unsafe { memo.key(py, k) }.clone())
-                    .collect();
-                m.lookup_prefix(&keys, ctx)
-            });
-            // SAFETY: the objects are alive and the GIL held.
-            done.map_err(|_| {
-                objects
-                    .iter()
-                    .map(|k| unsafe { k.key() })
-                    .collect::<Vec<_>>()
-            })
-        })?;
+        // Nothing in this closure releases the GIL, allocates a Python
+        // object or runs Python code.
+        let fast = convert::with_key_objects(
+            keys,
+            |_| Ok(()),
+            |objects, ()| {
+                let done = self.try_known_ctx(req_context, |m, ctx, memo| {
+                    memo.count(objects.len());
+                    let keys: Vec<OffloadKey> = objects
+                        .iter()
+                        // SAFETY: as in `lookup_many`.
+                        .map(|&k| unsafe { memo.key(py, k) }.clone())
+                        .collect();
+                    m.lookup_prefix(&keys, ctx)
+                });
+                // SAFETY: the objects are alive and the GIL held.
+                done.map_err(|_| {
+                    objects
+                        .iter()
+                        .map(|k| unsafe { k.key() })
+                        .collect::<Vec<_>>()
+                })
+            },
+        )?;
         let v = match fast {
             Ok(v) => v,
             Err(keys) => {
