@@ -11,6 +11,8 @@ use serde_json::{Map, Value};
 
 use kvtier_core::OffloadKey;
 
+use crate::errors;
+
 /// Whether `obj` is `bytes` (or a subclass). The exact type is compared
 /// by address first: a subclass check is a call under the limited API.
 ///
@@ -206,11 +208,13 @@ pub(crate) fn with_key_objects<P, R>(
             "keys must be a list of bytes, not a single bytes or str value",
         ));
     }
-    let iter = obj.try_iter().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "keys must be an iterable of bytes, not {}",
-            type_name(obj)
-        ))
+    let iter = obj.try_iter().map_err(|e| {
+        errors::unless_base(py, e, |_| {
+            PyTypeError::new_err(format!(
+                "keys must be an iterable of bytes, not {}",
+                type_name(obj)
+            ))
+        })
     })?;
     // Owned items: iterating runs Python code. `f` runs once the iteration
     // is over, with the items held here.
@@ -240,14 +244,15 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
 
 /// The request id of a `req_context`: any object with a `req_id: str`.
 pub(crate) fn req_id(ctx: &Bound<'_, PyAny>) -> PyResult<String> {
-    let value = ctx
-        .getattr(pyo3::intern!(ctx.py(), "req_id"))
-        .map_err(|_| {
+    let py = ctx.py();
+    let value = ctx.getattr(pyo3::intern!(py, "req_id")).map_err(|e| {
+        errors::unless_base(py, e, |_| {
             PyTypeError::new_err(format!(
                 "req_context must have a req_id attribute (str); got {}",
                 type_name(ctx)
             ))
-        })?;
+        })
+    })?;
     match value.downcast::<PyString>() {
         Ok(s) => Ok(s.to_cow()?.into_owned()),
         Err(_) => Err(PyTypeError::new_err(format!(
@@ -299,10 +304,14 @@ fn to_json(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         return Ok(Value::Array(items));
     }
     // os.PathLike (pathlib.Path) becomes its string form.
-    if let Ok(path) = obj.call_method0("__fspath__")
-        && let Ok(s) = path.downcast::<PyString>()
-    {
-        return Ok(Value::String(s.to_cow()?.into_owned()));
+    match obj.call_method0("__fspath__") {
+        Ok(path) => {
+            if let Ok(s) = path.downcast::<PyString>() {
+                return Ok(Value::String(s.to_cow()?.into_owned()));
+            }
+        }
+        Err(e) if errors::is_base_only(obj.py(), &e) => return Err(e),
+        Err(_) => {}
     }
     Err(PyValueError::new_err(format!(
         "configuration field `{field}`: unsupported value of type {}",

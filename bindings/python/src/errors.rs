@@ -171,6 +171,26 @@ pub(crate) fn build_error(e: ManagerError) -> PyErr {
     }
 }
 
+/// `err` replaced by `replace(err)`, unless it is a `BaseException` that is
+/// not an `Exception` (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`):
+/// kvtier lets those through unchanged wherever it calls into Python.
+pub(crate) fn unless_base(
+    py: Python<'_>,
+    err: PyErr,
+    replace: impl FnOnce(PyErr) -> PyErr,
+) -> PyErr {
+    if is_base_only(py, &err) {
+        err
+    } else {
+        replace(err)
+    }
+}
+
+/// Whether `err` is a `BaseException` that is not an `Exception`.
+pub(crate) fn is_base_only(py: Python<'_>, err: &PyErr) -> bool {
+    !err.is_instance_of::<PyException>(py)
+}
+
 /// A tier's configuration refused at construction: `ValueError`.
 pub(crate) fn config_error(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(e.to_string())

@@ -38,6 +38,7 @@ impl Inner {
         if !unsafe { convert::is_bytes(key.as_ptr()) } {
             return Err(convert::not_bytes(key));
         }
+        self.reraise()?;
         // The fast path of `try_known_ctx`, written out: one lookup's share
         // of a closure call is worth saving.
         if let Ok(mut guard) = self.core.try_lock() {
@@ -72,6 +73,7 @@ impl Inner {
         keys: &Bound<'py, PyAny>,
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
+        self.reraise()?;
         // The answer list is made before the keys are borrowed (making it
         // may run the garbage collector); nothing in the closure releases
         // the GIL, allocates a Python object or runs Python code.
@@ -130,6 +132,7 @@ impl Inner {
         keys: &Bound<'_, PyAny>,
         req_context: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
+        self.reraise()?;
         // Nothing in this closure releases the GIL, allocates a Python
         // object or runs Python code.
         let fast = convert::with_key_objects(

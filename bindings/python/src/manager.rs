@@ -105,6 +105,19 @@ impl Inner {
         }
     }
 
+    /// Raises, unchanged, a `KeyboardInterrupt` or `SystemExit` (any
+    /// `BaseException` that is not an `Exception`) that a Python tier's
+    /// `batch_lookup` raised on the worker since the last call.
+    #[inline(always)]
+    pub(crate) fn reraise(&self) -> PyResult<()> {
+        if let Some(calls) = &self.py_calls
+            && let Some(err) = calls.take_raised()
+        {
+            return Err(err);
+        }
+        Ok(())
+    }
+
     fn shut_down_error(&self) -> PyErr {
         ShutDownError::new_err(format!(
             "the lookup manager for tier '{}' is shut down",
@@ -322,14 +335,17 @@ impl PyManager {
 
     /// Hands this step's new keys to the worker (once per step).
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner()?.with_core(py, |core| core.backend.flush());
+        let inner = self.inner()?;
+        inner.reraise()?;
+        inner.with_core(py, |core| core.backend.flush());
         Ok(())
     }
 
     /// Applies results that have arrived.
     fn drain_results(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner()?
-            .with_core(py, |core| core.backend.drain_results());
+        let inner = self.inner()?;
+        inner.reraise()?;
+        inner.with_core(py, |core| core.backend.drain_results());
         Ok(())
     }
 

@@ -8,6 +8,7 @@
 //! scheduler's lookup needs the GIL to run at all.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use tokio::sync::oneshot;
 use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
 
 use crate::contexts::FirstObjects;
+use crate::errors;
 
 /// How long the thread that ran `batch_lookup` keeps the GIL waiting for
 /// the publication of its answers (microseconds in practice; bounded for a
@@ -44,6 +46,12 @@ enum CallState {
 pub(crate) struct PyCalls {
     states: Mutex<CallStates>,
     published: Condvar,
+    /// A `BaseException` that is not an `Exception` (`KeyboardInterrupt`,
+    /// `SystemExit`), raised by `batch_lookup` or its answer: raised again,
+    /// unchanged, by the scheduler's next call of the manager.
+    raised: Mutex<Option<PyErr>>,
+    /// Whether `raised` holds one (read by every lookup).
+    has_raised: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +126,29 @@ impl PyCalls {
         }
     }
 
+    /// Keeps `err` for the scheduler's next call (the first one wins).
+    fn keep_raised(&self, err: PyErr) {
+        let mut raised = self.raised.lock().unwrap_or_else(PoisonError::into_inner);
+        if raised.is_none() {
+            *raised = Some(err);
+            self.has_raised.store(true, Ordering::Release);
+        }
+    }
+
+    /// The exception a `batch_lookup` raised that the scheduler's call must
+    /// raise, if any.
+    #[inline(always)]
+    pub(crate) fn take_raised(&self) -> Option<PyErr> {
+        if !self.has_raised.load(Ordering::Acquire) {
+            return None;
+        }
+        self.has_raised.store(false, Ordering::Release);
+        self.raised
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
     /// The manager shut down: no publication is awaited any more.
     pub(crate) fn close(&self) {
         self.states().closed = true;
@@ -153,21 +184,46 @@ fn error(kind: TierErrorKind, message: String) -> TierError {
     TierError::new(kind, message)
 }
 
+/// A `batch_lookup` that raised `err`: the call's error. A `BaseException`
+/// that is not an `Exception` is also kept for the scheduler (see
+/// [`PyCalls::take_raised`]).
+fn raised(
+    py: Python<'_>,
+    calls: &PyCalls,
+    err: PyErr,
+    describe: impl FnOnce(&PyErr) -> TierError,
+) -> TierError {
+    let tier_error = describe(&err);
+    if errors::is_base_only(py, &err) {
+        calls.keep_raised(err);
+    }
+    tier_error
+}
+
 /// Reads `answer` as exactly `expected` bools; stops reading one item past.
-fn answers(answer: &Bound<'_, PyAny>, expected: usize) -> Result<Vec<bool>, TierError> {
+fn answers(
+    py: Python<'_>,
+    calls: &PyCalls,
+    answer: &Bound<'_, PyAny>,
+    expected: usize,
+) -> Result<Vec<bool>, TierError> {
     let iter = answer.try_iter().map_err(|e| {
-        error(
-            TierErrorKind::InvalidInput,
-            format!("batch_lookup returned a non-iterable: {e}"),
-        )
+        raised(py, calls, e, |e| {
+            error(
+                TierErrorKind::InvalidInput,
+                format!("batch_lookup returned a non-iterable: {e}"),
+            )
+        })
     })?;
     let mut found = Vec::with_capacity(expected);
     for (index, item) in iter.enumerate() {
         let item = item.map_err(|e| {
-            error(
-                TierErrorKind::Other,
-                format!("batch_lookup's answer raised after {index} items: {e}"),
-            )
+            raised(py, calls, e, |e| {
+                error(
+                    TierErrorKind::Other,
+                    format!("batch_lookup's answer raised after {index} items: {e}"),
+                )
+            })
         })?;
         if index >= expected {
             return Err(error(
@@ -283,12 +339,14 @@ impl PyTier {
         let answer = owner
             .call_method1(pyo3::intern!(py, "batch_lookup"), (list, ctx_obj))
             .map_err(|e| {
-                error(
-                    TierErrorKind::Other,
-                    format!("batch_lookup raised {e} for {} keys", keys.len()),
-                )
+                raised(py, &self.calls, e, |e| {
+                    error(
+                        TierErrorKind::Other,
+                        format!("batch_lookup raised {e} for {} keys", keys.len()),
+                    )
+                })
             })?;
-        answers(&answer, keys.len())
+        answers(py, &self.calls, &answer, keys.len())
     }
 }
 

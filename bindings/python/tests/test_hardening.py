@@ -10,8 +10,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
+
+import kvtier
+from conftest import GUARD, InMemoryLookupManager, ReqContext, key, resolve
 
 SUBPROCESS_TIMEOUT = 120  # seconds: each script takes a few at most
 
@@ -119,3 +123,135 @@ def test_a_finalizer_that_empties_the_key_list_during_lookup_many_is_harmless():
     if sys.version_info < (3, 12):  # later, collections wait for the eval loop
         collections = int(out.split("collections inside a call:")[1])
         assert collections >= 100, f"the finalizer ran inside {collections} calls only"
+
+
+# --- Ctrl-C and other BaseExceptions go through unchanged (issue 25 item 5).
+
+
+class Interrupted:
+    """A req_context whose req_id read is interrupted."""
+
+    def __init__(self, exc=KeyboardInterrupt):
+        self.exc = exc
+
+    @property
+    def req_id(self):
+        raise self.exc("while kvtier read req_id")
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_while_reading_req_id_is_raised_unchanged(exc, tmp_path):
+    m = InMemoryLookupManager(existing_keys=[key(1)])
+    stack = kvtier.TierStack([m])
+    try:
+        for call in (lambda ctx: m.lookup(key(1), ctx),
+                     lambda ctx: m.lookup_many([key(1)], ctx),
+                     lambda ctx: m.lookup_prefix([key(1)], ctx),
+                     lambda ctx: stack.lookup_prefix([key(1)], ctx)):
+            with pytest.raises(exc, match="while kvtier read req_id"):
+                call(Interrupted(exc))
+        assert m.stats()["lookups"] == 0, "nothing was registered"
+        assert resolve(m, key(1), ReqContext("r")) is True
+    finally:
+        stack.shutdown()
+
+
+def test_an_interrupt_while_iterating_keys_or_reading_a_path_is_raised_unchanged(ctx, tmp_path):
+    class Keys:
+        def __iter__(self):
+            raise KeyboardInterrupt("in __iter__")
+
+    class Path:
+        def __fspath__(self):
+            raise KeyboardInterrupt("in __fspath__")
+
+    def keys_then_interrupt():
+        yield key(1)
+        raise KeyboardInterrupt("in __next__")
+
+    m = InMemoryLookupManager(existing_keys=[key(1)])
+    try:
+        with pytest.raises(KeyboardInterrupt, match="in __iter__"):
+            m.lookup_many(Keys(), ctx)
+        with pytest.raises(KeyboardInterrupt, match="in __iter__"):
+            m.mark_miss(Keys())
+        with pytest.raises(KeyboardInterrupt, match="in __next__"):
+            m.lookup_prefix(keys_then_interrupt(), ctx)
+        assert m.stats()["lookups"] == 0
+    finally:
+        m.shutdown()
+    with pytest.raises(KeyboardInterrupt, match="in __fspath__"):
+        kvtier.DiskLookupManager(path=Path())
+
+
+@pytest.mark.parametrize("where", ["batch_lookup", "answer"])
+def test_an_interrupt_raised_by_batch_lookup_reaches_the_scheduler_unchanged(ctx, where):
+    class Interrupting(InMemoryLookupManager):
+        armed = True
+
+        def batch_lookup(self, keys, req_context):
+            if not self.armed:
+                return super().batch_lookup(keys, req_context)
+            self.armed = False
+            if where == "batch_lookup":
+                raise KeyboardInterrupt("in batch_lookup")
+
+            def answer():
+                yield True
+                raise SystemExit("in the answer")
+
+            return answer()
+
+    m = Interrupting(existing_keys=[key(1), key(2), key(3)], failure_backoff_ms=10)
+    expected = KeyboardInterrupt if where == "batch_lookup" else SystemExit
+    try:
+        assert m.lookup_many([key(1), key(2)], ctx) == [None, None]
+        m.flush()
+        deadline = time.monotonic() + GUARD
+        with pytest.raises(expected, match=f"in {where.replace('answer', 'the answer')}"):
+            while time.monotonic() < deadline:  # the scheduler's calls, step after step
+                m.lookup_many([key(1), key(2)], ctx)
+                time.sleep(0.001)
+        # Raised once; the call's keys are counted errors; the worker lives on.
+        wait_until = time.monotonic() + GUARD
+        while m.lookup_many([key(1), key(2)], ctx) != [False, False]:
+            assert time.monotonic() < wait_until
+            time.sleep(0.001)
+        assert m.stats()["errors"] == 2  # one per key
+        assert resolve(m, key(3), ctx) is True
+    finally:
+        m.shutdown()
+
+
+def test_odd_hash_and_eq_are_never_called(ctx):
+    """kvtier compares keys by their bytes and contexts by identity: a key
+    or a context whose __hash__ / __eq__ interrupt works as any other."""
+
+    class OddKey(bytes):
+        def __hash__(self):
+            raise KeyboardInterrupt("in __hash__")
+
+        def __eq__(self, other):
+            raise KeyboardInterrupt("in __eq__")
+
+    class OddContext(ReqContext):
+        def __hash__(self):
+            raise KeyboardInterrupt("in __hash__")
+
+        def __eq__(self, other):
+            raise KeyboardInterrupt("in __eq__")
+
+    m = InMemoryLookupManager(existing_keys=[key(1)])
+    odd_ctx = OddContext("odd")
+    try:
+        m.lookup_many([OddKey(key(1))], odd_ctx)
+        m.flush()
+        deadline = time.monotonic() + GUARD
+        while m.lookup(OddKey(key(1)), odd_ctx) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert m.lookup_prefix([OddKey(key(1)), OddKey(key(1))], odd_ctx) == 2
+        m.mark_miss([OddKey(key(1))])
+        m.cleanup("odd")
+    finally:
+        m.shutdown()
