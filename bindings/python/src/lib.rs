@@ -10,13 +10,15 @@
 //! [`lookups`] (the lookup paths), [`backend`] (the lookup manager by tier
 //! type), [`contexts`] and [`memo`] (what the lookups remember), [`native`]
 //! (the native tiers and their stores), [`pytier`] (a tier in Python),
-//! [`stack`], [`errors`], [`convert`] and [`fast`] (METH_FASTCALL).
+//! [`stack`], [`errors`], [`convert`], [`fast`] (METH_FASTCALL) and
+//! [`lifecycle`] (the interpreter's exit).
 
 mod backend;
 mod contexts;
 mod convert;
 mod errors;
 mod fast;
+mod lifecycle;
 mod lookups;
 mod manager;
 mod memo;
@@ -33,5 +35,6 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fast::install(py, &py.get_type::<manager::PyManager>())?;
     m.add_class::<stack::PyTierStack>()?;
     errors::register(m)?;
+    lifecycle::install(m)?;
     Ok(())
 }

@@ -84,7 +84,7 @@ impl Inner {
         if let Ok(mut core) = self.core.try_lock() {
             return f(&mut core);
         }
-        py.allow_threads(|| f(&mut self.lock()))
+        crate::lifecycle::allow_threads(py, || f(&mut self.lock()))
     }
 
     /// Locks the core (poisoning is ignored: the state stays consistent).
@@ -136,7 +136,7 @@ pub(crate) fn shutdown(py: Python<'_>, inner: &Inner) -> ShutdownReport {
     let blocks = inner.blocks.take();
     // Without the GIL: a Python batch_lookup still running may need it to
     // finish within the grace period.
-    let report = py.allow_threads(|| {
+    let report = crate::lifecycle::allow_threads(py, || {
         let mut core = inner.lock();
         let report = core.backend.shutdown();
         core.backend.close_tier();

@@ -110,7 +110,7 @@ pub(crate) fn s3(
     spawner: &Spawner,
 ) -> PyResult<Closable<S3Tier>> {
     config.validate().map_err(errors::config_error)?;
-    let built = py.allow_threads(|| {
+    let built = crate::lifecycle::allow_threads(py, || {
         spawner
             .handle()
             .block_on(S3Tier::with_spawner(config, spawner))
@@ -119,8 +119,7 @@ pub(crate) fn s3(
 }
 
 pub(crate) fn disk(py: Python<'_>, config: DiskConfig) -> PyResult<Closable<DiskTier>> {
-    let tier = py
-        .allow_threads(|| DiskTier::open(config))
+    let tier = crate::lifecycle::allow_threads(py, || DiskTier::open(config))
         .map_err(errors::config_error)?;
     Ok(Closable::new(tier))
 }
@@ -153,7 +152,7 @@ impl Blocks {
         what: &str,
         op: impl Future<Output = Result<T, TierError>> + Send,
     ) -> PyResult<T> {
-        let outcome = py.allow_threads(|| {
+        let outcome = crate::lifecycle::allow_threads(py, || {
             self.spawner
                 .handle()
                 .block_on(async { tokio::time::timeout(CALL_LIMIT, op).await })

@@ -1,5 +1,6 @@
 //! A tier whose `batch_lookup` is a Python method of the manager object,
-//! called on the worker runtime's blocking pool.
+//! called on the worker runtime's blocking pool (through
+//! [`PyCall`](crate::lifecycle::PyCall): see the interpreter's exit there).
 //!
 //! A lookup made right after `batch_lookup` returned sees its answers,
 //! though the lookup never waits: the thread that ran `batch_lookup` keeps
@@ -13,13 +14,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyList, PyWeakrefReference};
+use pyo3::types::{PyBool, PyBytes, PyList, PyTuple, PyWeakrefReference};
 use tokio::sync::oneshot;
 
 use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
 
 use crate::contexts::FirstObjects;
 use crate::errors;
+use crate::lifecycle::PyCall;
 
 /// How long the thread that ran `batch_lookup` keeps the GIL waiting for
 /// the publication of its answers (microseconds in practice; bounded for a
@@ -207,7 +209,8 @@ fn answers(
     answer: &Bound<'_, PyAny>,
     expected: usize,
 ) -> Result<Vec<bool>, TierError> {
-    let iter = answer.try_iter().map_err(|e| {
+    let python = PyCall::new(py);
+    let iter = python.iter(answer).map_err(|e| {
         raised(py, calls, e, |e| {
             error(
                 TierErrorKind::InvalidInput,
@@ -216,15 +219,19 @@ fn answers(
         })
     })?;
     let mut found = Vec::with_capacity(expected);
-    for (index, item) in iter.enumerate() {
-        let item = item.map_err(|e| {
-            raised(py, calls, e, |e| {
-                error(
-                    TierErrorKind::Other,
-                    format!("batch_lookup's answer raised after {index} items: {e}"),
-                )
-            })
-        })?;
+    for index in 0.. {
+        let item = match python.next(&iter) {
+            Ok(Some(item)) => item,
+            Ok(None) => break,
+            Err(e) => {
+                return Err(raised(py, calls, e, |e| {
+                    error(
+                        TierErrorKind::Other,
+                        format!("batch_lookup's answer raised after {index} items: {e}"),
+                    )
+                }));
+            }
+        };
         if index >= expected {
             return Err(error(
                 TierErrorKind::WrongResultCount,
@@ -336,8 +343,13 @@ impl PyTier {
         };
         let list = PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k.as_bytes())))
             .map_err(|e| error(TierErrorKind::Other, e.to_string()))?;
-        let answer = owner
-            .call_method1(pyo3::intern!(py, "batch_lookup"), (list, ctx_obj))
+        // Through `PyCall`: Python code on a kvtier thread (see `lifecycle`).
+        let python = PyCall::new(py);
+        let args = PyTuple::new(py, [list.into_any(), ctx_obj])
+            .map_err(|e| error(TierErrorKind::Other, e.to_string()))?;
+        let answer = python
+            .getattr(owner.as_any(), pyo3::intern!(py, "batch_lookup"))
+            .and_then(|method| python.call(&method, &args))
             .map_err(|e| {
                 raised(py, &self.calls, e, |e| {
                     error(

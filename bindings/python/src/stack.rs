@@ -70,7 +70,9 @@ impl PyTierStack {
     /// blocking on a member with the GIL held would stall the interpreter.
     /// Nothing `f` does needs the GIL (members call the Rust managers).
     fn with_stack<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut TierStack) -> R + Send) -> R {
-        py.allow_threads(|| f(&mut self.stack.lock().unwrap_or_else(PoisonError::into_inner)))
+        crate::lifecycle::allow_threads(py, || {
+            f(&mut self.stack.lock().unwrap_or_else(PoisonError::into_inner))
+        })
     }
 }
 

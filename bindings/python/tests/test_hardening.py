@@ -255,3 +255,93 @@ def test_odd_hash_and_eq_are_never_called(ctx):
         m.cleanup("odd")
     finally:
         m.shutdown()
+
+
+# --- The interpreter exits while kvtier works (issue 25 item 2). Each case
+# ends with sys.exit(3) and must end with that status, never a signal.
+
+REPEAT = int(os.environ.get("KVTIER_HARDENING_REPEAT", "3"))
+
+STUCK_CALL_AT_EXIT = MEMORY_TIER + """
+mode = sys.argv[1]
+entered = threading.Event()
+
+class Stuck(Memory):
+    def batch_lookup(self, keys, ctx):
+        entered.set()
+        if mode == "sleeps":
+            while True:
+                time.sleep(0.001)
+        elif mode == "waits":
+            event = threading.Event()
+            while True:
+                event.wait(0.001)
+        elif mode == "spins":
+            while True:
+                pass
+        elif mode == "yields_then_blocks":
+            time.sleep(0)
+            threading.Event().wait()
+        return [True] * len(keys)
+
+m = Stuck(call_timeout_ms=50, shutdown_timeout_ms=50)
+ctx = types.SimpleNamespace(req_id="r")
+m.lookup(key(1), ctx)
+m.flush()
+assert entered.wait(5)
+deadline = time.monotonic() + 5
+while m.lookup(key(1), ctx) is None:   # answered within call_timeout_ms
+    assert time.monotonic() < deadline
+    time.sleep(0.001)
+if len(sys.argv) > 2:
+    m.shutdown()
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mode", ["sleeps", "waits", "spins", "yields_then_blocks"])
+@pytest.mark.parametrize("shut_down", [True, False], ids=["shut_down", "not_shut_down"])
+def test_the_process_exits_with_its_own_status_while_a_python_tier_call_is_stuck(mode, shut_down):
+    args = [mode] + (["shutdown"] if shut_down else [])
+    for _ in range(REPEAT):
+        rc, out, err = run_script(STUCK_CALL_AT_EXIT, *args)
+        assert rc == 3, describe(rc, out, err)
+
+
+DAEMONS_INSIDE_KVTIER_AT_EXIT = MEMORY_TIER + """
+import tempfile
+m = Memory(present=[key(i) for i in range(0, 64, 2)])
+disk = kvtier.DiskLookupManager(path=tempfile.mkdtemp(), fsync="never")
+
+def lookups(t):
+    # Four threads on one manager: its lock is contended, so lookups wait
+    # for it without the GIL.
+    i = 0
+    while True:
+        i += 1
+        ctx = types.SimpleNamespace(req_id=f"{t}-{i % 50}")
+        m.lookup_many([key(i % 64), key(i % 7)], ctx)
+        m.lookup(key(i % 64), ctx)
+        if i % 8 == 0:
+            m.flush()
+            m.cleanup(f"{t}-{(i + 25) % 50}")
+
+def stores():
+    i = 0
+    while True:
+        i += 1
+        disk.store(key(i % 100), b"x" * 4096)   # waits without the GIL
+        disk.load(key(i % 100))
+
+for t in range(4):
+    threading.Thread(target=lookups, args=(t,), daemon=True).start()
+threading.Thread(target=stores, daemon=True).start()
+time.sleep(0.2)
+sys.exit(3)
+"""
+
+
+def test_the_process_exits_with_its_own_status_while_daemon_threads_are_inside_kvtier():
+    for _ in range(REPEAT * 4):
+        rc, out, err = run_script(DAEMONS_INSIDE_KVTIER_AT_EXIT)
+        assert rc == 3, describe(rc, out, err)
