@@ -12,23 +12,31 @@ use pyo3::{PyTypeInfo, create_exception};
 use kvtier_core::{LookupError, ManagerError, TierError as CoreTierError, TierErrorKind};
 
 create_exception!(
-    _kvtier,
+    kvtier,
     KvtierError,
     PyException,
     "Base class of kvtier's own exceptions."
 );
 create_exception!(
-    _kvtier,
+    kvtier,
     TierError,
     KvtierError,
     "A store, load or remove failed. Its subclass says why; `kind` holds the \
      kind's name (\"unavailable\", \"timeout\", \"config\", ...)."
 );
 create_exception!(
-    _kvtier,
+    kvtier,
     ShutDownError,
     KvtierError,
     "The manager was shut down: it answers no more lookups, stores or loads."
+);
+
+create_exception!(
+    kvtier,
+    ForkError,
+    KvtierError,
+    "The manager was made in another process, before a fork: it belongs to \
+     that process. Make managers in the process that uses them."
 );
 
 /// A subclass of `kvtier.TierError` for one or more error kinds.
@@ -131,6 +139,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("KvtierError", py.get_type::<KvtierError>())?;
     m.add("TierError", py.get_type::<TierError>())?;
     m.add("ShutDownError", py.get_type::<ShutDownError>())?;
+    m.add("ForkError", py.get_type::<ForkError>())?;
     for (index, class) in SUBCLASSES.iter().enumerate() {
         m.add(class.name, subclass(py, index)?)?;
     }
@@ -151,6 +160,16 @@ pub(crate) fn tier_error(py: Python<'_>, what: &str, e: &CoreTierError) -> PyErr
     // exception is still the right class.
     let _ = err.value(py).setattr("kind", kind);
     err
+}
+
+/// The error of a manager (or stack) used in a process forked after it
+/// was made.
+pub(crate) fn fork_error(what: &str, made_in: u32) -> PyErr {
+    ForkError::new_err(format!(
+        "this {what} was made in process {made_in}, before a fork; process {} \
+         cannot use it: make a new one in this process",
+        std::process::id()
+    ))
 }
 
 /// A [`LookupError`] (bad key, shut down) as a Python exception.

@@ -1,6 +1,6 @@
-//! The process around the interpreter: its exit. kvtier's threads leave
-//! the interpreter alone once it has begun to exit, and the process ends
-//! with its own exit status.
+//! The process around the interpreter: its exit, and `fork`. kvtier's
+//! threads leave the interpreter alone once it has begun to exit, and a
+//! manager made before a `fork` refuses to work in the child.
 //!
 //! **Exit.** Before CPython 3.14, a thread that takes the GIL back while the
 //! interpreter finalizes is ended with `pthread_exit`, whose unwinding
@@ -20,15 +20,23 @@
 //!   thread if one of them unwinds, as PyO3 does for `PyGILState_Ensure`.
 //!   (A kvtier thread that asks for the GIL after the exit began is parked
 //!   by PyO3 itself.)
+//!
+//! **Fork.** `os.register_at_fork` counts forks in the child
+//! ([`fork_generation`]). A manager records the count it was made at and,
+//! in a child, raises `kvtier.ForkError` before it touches any of its
+//! state: its runtime's threads do not exist there, and its connections,
+//! files, locks and the event queue of its sockets are shared with the
+//! parent. Dropped in the child, a manager leaks that state rather than
+//! close or deregister anything the parent still uses.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyCFunction, PyString, PyTuple};
+use pyo3::types::{PyCFunction, PyDict, PyString, PyTuple};
 
 /// Set by [`at_exit`]: the interpreter is exiting.
 static EXITING: AtomicBool = AtomicBool::new(false);
@@ -44,14 +52,31 @@ static RETURNING: AtomicUsize = AtomicUsize::new(0);
 /// GIL, which it has released.
 const RETURN_WAIT: Duration = Duration::from_secs(1);
 
-/// Registers the exit hook (once, at import).
+/// Forks this process descends from since the module was imported.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Registers the exit hook and the fork counter (once, at import).
 pub(crate) fn install(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     let hook = PyCFunction::new_closure(py, Some(c"_kvtier_at_exit"), None, |args, _| {
         at_exit(args.py());
     })?;
     py.import("atexit")?.call_method1("register", (hook,))?;
+    let forked = PyCFunction::new_closure(py, Some(c"_kvtier_after_fork"), None, |_, _| {
+        FORKS.fetch_add(1, Ordering::SeqCst);
+    })?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("after_in_child", forked)?;
+    py.import("os")?
+        .call_method("register_at_fork", (), Some(&kwargs))?;
     Ok(())
+}
+
+/// The number of forks this process descends from: a manager made at
+/// another count belongs to an ancestor process.
+#[inline(always)]
+pub(crate) fn fork_generation() -> u64 {
+    FORKS.load(Ordering::Relaxed)
 }
 
 /// The `atexit` hook: marks the exit, then lets threads that are on their
@@ -101,6 +126,38 @@ where
     });
     RETURNING.fetch_sub(1, Ordering::SeqCst);
     out
+}
+
+/// The process that made a manager or stack.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Owner {
+    generation: u64,
+    pid: u32,
+}
+
+impl Owner {
+    /// This process.
+    pub(crate) fn here() -> Self {
+        Self {
+            generation: fork_generation(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether this is still that process (not a child forked since).
+    #[inline(always)]
+    pub(crate) fn is_here(&self) -> bool {
+        self.generation == fork_generation()
+    }
+
+    /// `kvtier.ForkError` in a child forked since: `what` is the object.
+    #[inline(always)]
+    pub(crate) fn check(&self, what: &str) -> PyResult<()> {
+        if self.is_here() {
+            return Ok(());
+        }
+        Err(crate::errors::fork_error(what, self.pid))
+    }
 }
 
 /// The interpreter's entry points that run Python code, declared `C-unwind`

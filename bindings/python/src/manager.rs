@@ -2,6 +2,7 @@
 //! the native Redis / S3 / disk managers; its construction, its methods,
 //! and the state it owns ([`Inner`]).
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -21,6 +22,7 @@ use crate::backend::Backend;
 use crate::contexts::{Contexts, FirstObjects};
 use crate::convert;
 use crate::errors::{self, KvtierError, ShutDownError};
+use crate::lifecycle::Owner;
 use crate::memo::KeyMemo;
 use crate::native::{self, Blocks, BlocksSlot};
 use crate::pytier::{PyCalls, PyTier, PyTierTask};
@@ -34,22 +36,37 @@ pub(crate) struct Core {
 }
 
 /// Everything a manager object owns once initialised.
+///
+/// In a child forked after it was made, none of it is touched, not even
+/// dropped (see [`crate::lifecycle`]): the fields that own threads,
+/// connections or files are `ManuallyDrop` and leak there.
 pub(crate) struct Inner {
-    pub(crate) core: Mutex<Core>,
+    pub(crate) core: ManuallyDrop<Mutex<Core>>,
     pub(crate) tier_name: String,
     /// A Python tier's calls (released at shutdown).
-    py_calls: Option<Arc<PyCalls>>,
+    py_calls: ManuallyDrop<Option<Arc<PyCalls>>>,
     /// A native tier's stores, loads and removes.
-    blocks: BlocksSlot,
+    blocks: ManuallyDrop<BlocksSlot>,
     shut_down: AtomicBool,
+    /// The process that made it.
+    pub(crate) owner: Owner,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if !self.owner.is_here() {
+            return; // leaked: the parent's
+        }
         if !self.shut_down.load(Ordering::Acquire) {
             Python::with_gil(|py| {
                 shutdown(py, self);
             });
+        }
+        // SAFETY: dropped once, here, and not used afterwards.
+        unsafe {
+            ManuallyDrop::drop(&mut self.core);
+            ManuallyDrop::drop(&mut self.py_calls);
+            ManuallyDrop::drop(&mut self.blocks);
         }
     }
 }
@@ -63,14 +80,15 @@ impl Inner {
     ) -> Self {
         Self {
             tier_name: backend.tier_name().to_owned(),
-            core: Mutex::new(Core {
+            core: ManuallyDrop::new(Mutex::new(Core {
                 backend,
                 contexts: Contexts::new(first),
                 memo: KeyMemo::default(),
-            }),
-            py_calls,
-            blocks: BlocksSlot::new(blocks),
+            })),
+            py_calls: ManuallyDrop::new(py_calls),
+            blocks: ManuallyDrop::new(BlocksSlot::new(blocks)),
             shut_down: AtomicBool::new(false),
+            owner: Owner::here(),
         }
     }
 
@@ -110,7 +128,7 @@ impl Inner {
     /// `batch_lookup` raised on the worker since the last call.
     #[inline(always)]
     pub(crate) fn reraise(&self) -> PyResult<()> {
-        if let Some(calls) = &self.py_calls
+        if let Some(calls) = &*self.py_calls
             && let Some(err) = calls.take_raised()
         {
             return Err(err);
@@ -130,7 +148,7 @@ impl Inner {
 /// tier (a disk tier's directory lock, connections, the runtime). Idempotent.
 pub(crate) fn shutdown(py: Python<'_>, inner: &Inner) -> ShutdownReport {
     inner.shut_down.store(true, Ordering::Release);
-    if let Some(calls) = &inner.py_calls {
+    if let Some(calls) = &*inner.py_calls {
         calls.close();
     }
     let blocks = inner.blocks.take();
@@ -166,8 +184,18 @@ pub(crate) struct PyManager {
 }
 
 impl PyManager {
+    /// What the manager owns; `ForkError` in a child forked since it was
+    /// made (checked before anything of it is touched).
     #[inline]
     pub(crate) fn inner(&self) -> PyResult<&Arc<Inner>> {
+        let inner = self.any_inner()?;
+        inner.owner.check("manager")?;
+        Ok(inner)
+    }
+
+    /// What the manager owns, in whichever process.
+    #[inline]
+    fn any_inner(&self) -> PyResult<&Arc<Inner>> {
         self.inner.get().ok_or_else(|| {
             PyRuntimeError::new_err(
                 "the manager is not initialised: a subclass's __init__ must call super().__init__(tier_type=...)",
@@ -299,7 +327,7 @@ impl PyManager {
     /// attribute `tier_type`, set by each class's `__init__`.)
     #[getter]
     fn tier_name(&self) -> PyResult<String> {
-        Ok(self.inner()?.tier_name.clone())
+        Ok(self.any_inner()?.tier_name.clone())
     }
 
     /// `True` (present), `False` (absent) or `None` (pending: retry next step).
@@ -385,14 +413,20 @@ impl PyManager {
     /// `lookup_many`, `lookup_prefix`, `store`, `load` and `remove` raise
     /// `kvtier.ShutDownError`; `flush` and `drain_results` do nothing;
     /// `cleanup`, `mark_miss` and `stats` work.
+    ///
+    /// In a child forked after the manager was made, does nothing: the
+    /// manager belongs to the parent.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
-        shutdown(py, self.inner()?);
+        let inner = self.any_inner()?;
+        if inner.owner.is_here() {
+            shutdown(py, inner);
+        }
         Ok(())
     }
 
     /// Whether `shutdown` has run.
     fn is_shut_down(&self) -> PyResult<bool> {
-        Ok(self.inner()?.shut_down.load(Ordering::Acquire))
+        Ok(self.any_inner()?.shut_down.load(Ordering::Acquire))
     }
 
     fn _store(

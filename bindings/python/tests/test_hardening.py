@@ -345,3 +345,144 @@ def test_the_process_exits_with_its_own_status_while_daemon_threads_are_inside_k
     for _ in range(REPEAT * 4):
         rc, out, err = run_script(DAEMONS_INSIDE_KVTIER_AT_EXIT)
         assert rc == 3, describe(rc, out, err)
+
+
+# --- fork (issue 25 items 3 and 4): a manager belongs to the process that
+# made it. In a child forked after it was made, each of its methods raises
+# kvtier.ForkError at once, without touching its state (shutdown() does
+# nothing); managers made in the child work; the parent is not disturbed.
+
+FORK = MEMORY_TIER + """
+import os, tempfile, uuid
+
+ctx = types.SimpleNamespace(req_id="r")
+prefix = f"kvtier-fork-{uuid.uuid4().hex[:8]}:"
+managers = {"python": Memory([key(1)])}
+if os.environ.get("KVTIER_REDIS_URL"):
+    managers["redis"] = kvtier.RedisLookupManager(url=os.environ["KVTIER_REDIS_URL"],
+                                                  key_prefix=prefix)
+if os.environ.get("KVTIER_S3_ENDPOINT"):
+    managers["s3"] = kvtier.S3LookupManager(bucket=os.environ["KVTIER_S3_BUCKET"],
+                                            endpoint=os.environ["KVTIER_S3_ENDPOINT"],
+                                            force_path_style=True, prefix=prefix.replace(":", "/"))
+directory = tempfile.mkdtemp()
+managers["disk"] = kvtier.DiskLookupManager(path=directory, fsync="never")
+for name, m in managers.items():
+    if name != "python":
+        m.store(key(1), b"before the fork")
+    settle(m, [key(1)], ctx)
+stack = kvtier.TierStack([managers["disk"], managers["python"]])
+print("parent made", sorted(managers), flush=True)
+
+def child():
+    start = time.monotonic()
+    for name, m in managers.items():
+        calls = [lambda: m.lookup(key(1), ctx), lambda: m.lookup_many([key(1)], ctx),
+                 lambda: m.lookup_prefix([key(1)], ctx), m.flush, m.drain_results,
+                 m.stats, lambda: m.mark_miss([key(1)]), lambda: m.cleanup("r")]
+        if name != "python":
+            calls += [lambda: m.store(key(2), b"child"), lambda: m.load(key(1)),
+                      lambda: m.remove(key(1))]
+        for call in calls:
+            try:
+                call()
+            except kvtier.ForkError as e:
+                assert "before a fork" in str(e), e
+            else:
+                raise AssertionError(f"{name}: a call in the child did not raise ForkError")
+        m.shutdown()   # nothing to do in the child
+        assert m.tier_name
+    for call in (lambda: stack.lookup_prefix([key(1)], ctx), stack.flush, stack.stats,
+                 lambda: kvtier.TierStack([managers["python"]])):
+        try:
+            call()
+        except kvtier.ForkError:
+            pass
+        else:
+            raise AssertionError("a TierStack call in the child did not raise ForkError")
+    stack.shutdown()
+    # The child's stores to the parent's disk tier were refused, not
+    # acknowledged: 50 attempts, 50 ForkErrors.
+    refused = 0
+    for i in range(100, 150):
+        try:
+            managers["disk"].store(key(i), b"child")
+        except kvtier.ForkError:
+            refused += 1
+    assert refused == 50, refused
+    assert time.monotonic() - start < 5, "ForkError was not raised at once"
+    # Managers made in the child work.
+    mine = Memory([key(7)])
+    settle(mine, [key(7)], ctx)
+    assert mine.lookup(key(7), ctx) is True
+    mine.shutdown()
+    if "redis" in managers:
+        r = kvtier.RedisLookupManager(url=os.environ["KVTIER_REDIS_URL"], key_prefix=prefix)
+        r.store(key(8), b"made in the child")
+        assert r.load(key(8)) == b"made in the child"
+        r.shutdown()
+    # The disk directory is still the parent's.
+    try:
+        kvtier.DiskLookupManager(path=directory)
+    except ValueError as e:
+        assert "locked" in str(e), e
+    else:
+        raise AssertionError("the child opened the parent's locked directory")
+    print("child ok", flush=True)
+
+pid = os.fork()
+if pid == 0:
+    try:
+        child()
+    except BaseException as e:
+        print("child failed:", repr(e), flush=True)
+        os._exit(1)
+    sys.exit(0)   # a normal exit: the inherited managers are dropped, and leak
+
+deadline = time.monotonic() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("parent: the child hung: killed after 30 s", flush=True)
+        sys.exit(2)
+    time.sleep(0.01)
+code = os.waitstatus_to_exitcode(status)
+print("parent: child exit status", code, flush=True)
+
+# The parent is undisturbed: every manager stores, loads and looks up.
+for name, m in managers.items():
+    if name != "python":
+        assert m.load(key(1)) == b"before the fork", name
+        m.store(key(3), b"after the fork")
+        assert m.load(key(3)) == b"after the fork", name
+        settle(m, [key(3)], ctx)
+        assert m.lookup(key(3), ctx) is True, name
+        m.remove(key(1))
+        m.remove(key(3))
+settle(managers["python"], [key(1), key(4)], ctx)
+assert managers["python"].lookup_many([key(1), key(4)], ctx) == [True, False]
+assert stack.lookup_prefix([key(1)], ctx) is not None
+disk = managers["disk"]
+for i in range(200, 250):
+    disk.store(key(i), b"parent")
+stack.shutdown()
+for m in managers.values():
+    m.shutdown()
+reopened = kvtier.DiskLookupManager(path=directory, fsync="never")
+assert all(reopened.load(key(i)) == b"parent" for i in range(200, 250)), "parent stores lost"
+assert all(reopened.load(key(i)) is None for i in range(100, 150)), "a child store landed"
+reopened.shutdown()
+print("parent ok", flush=True)
+sys.exit(code)
+"""
+
+
+def test_a_forked_child_gets_fork_error_at_once_and_the_parent_is_undisturbed():
+    for _ in range(REPEAT):
+        rc, out, err = run_script(FORK)
+        assert rc == 0, describe(rc, out, err)
+        assert "child ok" in out and "parent ok" in out, describe(rc, out, err)

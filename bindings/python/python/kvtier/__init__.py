@@ -17,6 +17,10 @@ After ``shutdown()``, ``lookup``, ``lookup_many``, ``lookup_prefix``,
 ``store``, ``load`` and ``remove`` raise ``ShutDownError``; ``flush`` and
 ``drain_results`` do nothing; ``cleanup``, ``mark_miss`` and ``stats`` still
 work. ``shutdown()`` is idempotent and returns within ``shutdown_timeout_ms``.
+
+A manager belongs to the process that made it: in a child forked after it
+was made, its methods raise ``ForkError`` at once (``shutdown()`` does
+nothing) and the parent is not disturbed. Make managers after forking.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ._kvtier import (
+    ForkError,
     KvtierError,
     ShutDownError,
     TierConfigError,
@@ -41,6 +46,7 @@ from ._kvtier import (
 __all__ = [
     "AsyncLookupManager",
     "DiskLookupManager",
+    "ForkError",
     "KvtierError",
     "RedisLookupManager",
     "S3LookupManager",

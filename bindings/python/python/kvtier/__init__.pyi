@@ -4,6 +4,7 @@ from typing import Any, Protocol
 __all__ = [
     "AsyncLookupManager",
     "DiskLookupManager",
+    "ForkError",
     "KvtierError",
     "RedisLookupManager",
     "S3LookupManager",
@@ -24,6 +25,7 @@ class _HasReqId(Protocol):
 
 class KvtierError(Exception): ...
 class ShutDownError(KvtierError): ...
+class ForkError(KvtierError): ...
 
 class TierError(KvtierError):
     kind: str
