@@ -144,14 +144,10 @@ pub(crate) fn with_key_objects<P, R>(
         (is_list, is_tuple)
     };
     if is_list || is_tuple {
+        // The length field of a list or tuple (the interpreter's own
+        // `PyList_GET_SIZE`), read without a call.
         // SAFETY: `ptr` is a list or a tuple (this call holds it).
-        let size = || unsafe {
-            if is_list {
-                ffi::PyList_Size(ptr)
-            } else {
-                ffi::PyTuple_Size(ptr)
-            }
-        };
+        let size = || unsafe { ffi::Py_SIZE(ptr) };
         let mut len = size();
         let mut prepared = prepare(usize::try_from(len).map_err(|_| PyErr::fetch(py))?)?;
         // `prepare` may have run a finalizer that resized the list.
