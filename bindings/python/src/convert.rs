@@ -11,6 +11,8 @@ use serde_json::{Map, Value};
 
 use kvtier_core::OffloadKey;
 
+use crate::errors;
+
 /// Whether `obj` is `bytes` (or a subclass). The exact type is compared
 /// by address first: a subclass check is a call under the limited API.
 ///
@@ -114,16 +116,21 @@ impl KeyObj {
 const INLINE_KEYS: usize = 64;
 
 /// Runs `f` with every key object of `obj` (a list, a tuple or any
-/// iterable of `bytes`), borrowed; `TypeError` before `f` runs if one is
-/// not `bytes`.
+/// iterable of `bytes`), borrowed, and what `prepare` made for their count;
+/// `TypeError` before `f` runs if one is not `bytes`.
 ///
-/// `f` must neither release the GIL nor run Python code while it uses the
-/// objects: the items of a list are borrowed, and another thread could
-/// drop them from the list. (Copy them into [`OffloadKey`]s first.)
+/// The items of a list are borrowed, so nothing may run Python code while
+/// `f` uses them: a finalizer could remove them from the list and free
+/// them. So `prepare` (which may allocate, and so run the garbage
+/// collector and its finalizers) runs before the items are read, and `f`
+/// must neither release the GIL, nor allocate a Python object, nor run
+/// Python code while it uses the objects (copy them into [`OffloadKey`]s
+/// first).
 #[inline]
-pub(crate) fn with_key_objects<R>(
+pub(crate) fn with_key_objects<P, R>(
     obj: &Bound<'_, PyAny>,
-    f: impl FnOnce(&[KeyObj]) -> R,
+    mut prepare: impl FnMut(usize) -> PyResult<P>,
+    f: impl FnOnce(&[KeyObj], P) -> R,
 ) -> PyResult<R> {
     let py = obj.py();
     let ptr = obj.as_ptr();
@@ -137,14 +144,25 @@ pub(crate) fn with_key_objects<R>(
         (is_list, is_tuple)
     };
     if is_list || is_tuple {
-        // SAFETY: `ptr` is a list or a tuple.
-        let len = unsafe {
-            if is_list {
-                ffi::PyList_Size(ptr)
-            } else {
-                ffi::PyTuple_Size(ptr)
+        // The length field of a list or tuple (the interpreter's own
+        // `PyList_GET_SIZE`), read without a call.
+        // SAFETY: `ptr` is a list or a tuple (this call holds it).
+        let size = || unsafe { ffi::Py_SIZE(ptr) };
+        let mut len = size();
+        let mut prepared = prepare(usize::try_from(len).map_err(|_| PyErr::fetch(py))?)?;
+        // `prepare` may have run a finalizer that resized the list.
+        let mut tries = 0;
+        while size() != len {
+            tries += 1;
+            if tries == 3 {
+                // It keeps doing so: read our own copy instead.
+                // SAFETY: `ptr` is a list; a new tuple, or null with an error.
+                let copy = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PySequence_Tuple(ptr))? };
+                return with_key_objects(&copy, prepare, f);
             }
-        };
+            len = size();
+            prepared = prepare(usize::try_from(len).map_err(|_| PyErr::fetch(py))?)?;
+        }
         let len = usize::try_from(len).map_err(|_| PyErr::fetch(py))?;
         // Up to `INLINE_KEYS` objects on the stack: no allocation for a
         // request's usual keys.
@@ -157,9 +175,9 @@ pub(crate) fn with_key_objects<R>(
             &mut heap
         };
         for (index, slot) in objects.iter_mut().enumerate() {
-            // Borrowed items (no reference count traffic per key): nothing
-            // here or in `f` runs Python code, so the sequence cannot
-            // change; a failed check returns at once.
+            // Borrowed items (no reference count traffic per key): from
+            // here to the end of `f` no Python code runs, so the sequence
+            // cannot change; a failed check returns at once.
             // SAFETY: `ptr` is a list or tuple and `index` is within its length.
             let item = unsafe {
                 if is_list {
@@ -179,18 +197,20 @@ pub(crate) fn with_key_objects<R>(
             }
             *slot = KeyObj(item);
         }
-        return Ok(f(objects));
+        return Ok(f(objects, prepared));
     }
     if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
         return Err(PyTypeError::new_err(
             "keys must be a list of bytes, not a single bytes or str value",
         ));
     }
-    let iter = obj.try_iter().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "keys must be an iterable of bytes, not {}",
-            type_name(obj)
-        ))
+    let iter = obj.try_iter().map_err(|e| {
+        errors::unless_base(py, e, |_| {
+            PyTypeError::new_err(format!(
+                "keys must be an iterable of bytes, not {}",
+                type_name(obj)
+            ))
+        })
     })?;
     // Owned items: iterating runs Python code. `f` runs once the iteration
     // is over, with the items held here.
@@ -203,28 +223,32 @@ pub(crate) fn with_key_objects<R>(
         }
         items.push(item);
     }
+    let prepared = prepare(items.len())?;
     let objects: Vec<KeyObj> = items.iter().map(|item| KeyObj(item.as_ptr())).collect();
-    Ok(f(&objects))
+    Ok(f(&objects, prepared))
 }
 
 /// Keys from a list, a tuple or any iterable of `bytes`.
 pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
     // SAFETY: the objects are alive and the GIL held during `f`.
-    with_key_objects(obj, |objects| {
-        objects.iter().map(|k| unsafe { k.key() }).collect()
-    })
+    with_key_objects(
+        obj,
+        |_| Ok(()),
+        |objects, ()| objects.iter().map(|k| unsafe { k.key() }).collect(),
+    )
 }
 
 /// The request id of a `req_context`: any object with a `req_id: str`.
 pub(crate) fn req_id(ctx: &Bound<'_, PyAny>) -> PyResult<String> {
-    let value = ctx
-        .getattr(pyo3::intern!(ctx.py(), "req_id"))
-        .map_err(|_| {
+    let py = ctx.py();
+    let value = ctx.getattr(pyo3::intern!(py, "req_id")).map_err(|e| {
+        errors::unless_base(py, e, |_| {
             PyTypeError::new_err(format!(
                 "req_context must have a req_id attribute (str); got {}",
                 type_name(ctx)
             ))
-        })?;
+        })
+    })?;
     match value.downcast::<PyString>() {
         Ok(s) => Ok(s.to_cow()?.into_owned()),
         Err(_) => Err(PyTypeError::new_err(format!(
@@ -276,10 +300,14 @@ fn to_json(field: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         return Ok(Value::Array(items));
     }
     // os.PathLike (pathlib.Path) becomes its string form.
-    if let Ok(path) = obj.call_method0("__fspath__")
-        && let Ok(s) = path.downcast::<PyString>()
-    {
-        return Ok(Value::String(s.to_cow()?.into_owned()));
+    match obj.call_method0("__fspath__") {
+        Ok(path) => {
+            if let Ok(s) = path.downcast::<PyString>() {
+                return Ok(Value::String(s.to_cow()?.into_owned()));
+            }
+        }
+        Err(e) if errors::is_base_only(obj.py(), &e) => return Err(e),
+        Err(_) => {}
     }
     Err(PyValueError::new_err(format!(
         "configuration field `{field}`: unsupported value of type {}",

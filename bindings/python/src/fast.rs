@@ -1,17 +1,27 @@
-//! METH_FASTCALL entry points of the hot manager methods, on CPython >= 3.10.
+//! METH_FASTCALL entry points of the three lookup methods, on CPython >= 3.10.
 //!
-//! PyO3 builds the methods of an `abi3-py39` module as METH_VARARGS |
-//! METH_KEYWORDS: every call packs its arguments into a new tuple, which
-//! PyO3 then unpacks, and the per-call cost of `lookup` is mostly that.
-//! METH_FASTCALL (the vectorcall convention: arguments as an array) is part
-//! of the stable ABI from CPython 3.10. So when the running interpreter is
-//! 3.10 or newer (checked at import), [`install`] replaces `lookup`,
-//! `lookup_many` and `lookup_prefix` on the `_Manager` class by method
-//! descriptors of the same names whose C functions take the arguments as an
-//! array; on 3.9 the PyO3 methods stay. Both run the same code
-//! ([`PyManager::lookup_impl`], [`PyManager::lookup_many_impl`] and
-//! [`PyManager::lookup_prefix_impl`]), accept the same positional and
-//! keyword arguments, and raise the same exceptions.
+//! Why this module exists: PyO3 builds the methods of an `abi3-py39` module
+//! as METH_VARARGS | METH_KEYWORDS, so every call packs its arguments into a
+//! new tuple that PyO3 then unpacks; for `lookup`, whose own work is a few
+//! tens of nanoseconds, that is most of the cost. METH_FASTCALL (arguments
+//! as an array) is in the stable ABI from CPython 3.10, and PyO3 generates
+//! it for modules whose ABI floor is 3.10. Until kvtier's floor moves there
+//! (then delete this module), [`install`] replaces `lookup`, `lookup_many`
+//! and `lookup_prefix` on `_Manager`, when the running interpreter is 3.10
+//! or newer, by method descriptors of the same names whose functions take
+//! the arguments as an array. On 3.9 the PyO3 methods stay.
+//!
+//! Hand-built are the descriptor, the reading of the two arguments (with
+//! PyO3's error messages) and [`call`], which runs the same code as the PyO3
+//! method ([`Inner::lookup`] and friends) and turns a panic into a
+//! `RuntimeError`. PyO3's own trampoline would count the GIL in a
+//! thread-local, which a shared library reaches through `__tls_get_addr`:
+//! measured with callgrind, about 70 instructions more per call, a fifth of
+//! a resolved `lookup`. So PyO3 does not count the GIL as held inside these
+//! calls: the code they run drops Python objects as `Bound` (released at
+//! once), never as `Py` (which PyO3 would then defer).
+//!
+//! [`Inner::lookup`]: crate::manager::Inner::lookup
 
 use std::ffi::{CStr, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -96,16 +106,48 @@ pub(crate) fn install(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<()> {
     Ok(())
 }
 
-/// The two arguments of a call, positional or by keyword, checked as PyO3
-/// checks them (same messages). ([`call`] reads two positional arguments
-/// itself.)
+/// The manager and the two arguments of a call, positional or by keyword,
+/// checked as PyO3 checks them (same messages).
 ///
 /// # Safety
-/// `args` holds `nargs` positional arguments followed by one value per name
-/// in `kwnames` (a tuple of str, or null), as METH_FASTCALL | METH_KEYWORDS
-/// passes them.
+/// The GIL is held; `slf` is a `_Manager` (the method descriptor checked
+/// it); `args` holds `nargs` positional arguments followed by one value per
+/// name in `kwnames` (a tuple of str, or null), as METH_FASTCALL |
+/// METH_KEYWORDS passes them, all alive for the call.
+#[inline(always)]
+unsafe fn arguments<'a, 'py>(
+    py: Python<'py>,
+    method: &Method,
+    slf: &'a Borrowed<'_, 'py, PyAny>,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<(&'a PyManager, [Borrowed<'py, 'py, PyAny>; 2])> {
+    // SAFETY: see the function's contract; the class is frozen, so a shared
+    // reference to its Rust value is always allowed.
+    let manager = unsafe { slf.downcast_unchecked::<PyManager>() }.get();
+    if kwnames.is_null() && nargs == 2 {
+        // The usual call: two positional arguments, read in place.
+        // SAFETY: `args` holds two arguments.
+        let params = unsafe {
+            [
+                Borrowed::from_ptr(py, *args),
+                Borrowed::from_ptr(py, *args.add(1)),
+            ]
+        };
+        return Ok((manager, params));
+    }
+    // SAFETY: forwarded.
+    let params = unsafe { named_arguments(py, method, args, nargs, kwnames) }?;
+    Ok((manager, params))
+}
+
+/// [`arguments`] for any other arrangement: keywords, or a wrong count.
+///
+/// # Safety
+/// As for [`arguments`].
 #[inline(never)]
-unsafe fn arguments<'py>(
+unsafe fn named_arguments<'py>(
     py: Python<'py>,
     method: &Method,
     args: *const *mut ffi::PyObject,
@@ -115,9 +157,6 @@ unsafe fn arguments<'py>(
     let nargs = usize::try_from(nargs).unwrap_or(0);
     // SAFETY: see the function's contract.
     let at = |i: usize| unsafe { Borrowed::from_ptr(py, *args.add(i)) };
-    if kwnames.is_null() && nargs == 2 {
-        return Ok([at(0), at(1)]);
-    }
     let name = method.name.to_str().unwrap_or("method");
     if nargs > 2 {
         return Err(PyTypeError::new_err(format!(
@@ -168,14 +207,12 @@ unsafe fn arguments<'py>(
     }
 }
 
-/// Runs `body` for a METH_FASTCALL call of `method` on `slf`: returns its
-/// object, or sets its error (a panic becomes a `RuntimeError`) and
-/// returns null.
+/// Runs `body` for a METH_FASTCALL call of `method`: returns its object, or
+/// sets its error (a panic becomes a `RuntimeError`) and returns null.
 ///
 /// # Safety
-/// Called by the interpreter, holding the GIL, with `slf` an instance of
-/// `_Manager` (the method descriptor checks it) and the arguments as
-/// METH_FASTCALL | METH_KEYWORDS passes them.
+/// Called by the interpreter, holding the GIL, with the arguments of
+/// [`arguments`]'s contract.
 #[inline(always)]
 unsafe fn call(
     method: &Method,
@@ -193,26 +230,11 @@ unsafe fn call(
     // derived from `py` outlives it.
     let py = unsafe { Python::assume_gil_acquired() };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the method descriptor checked that `slf` is a `_Manager`
-        // (or a subclass's) instance; the class is frozen, so a shared
-        // reference to its Rust value is always allowed.
+        // SAFETY: forwarded from the interpreter's call.
         let slf = unsafe { Borrowed::from_ptr(py, slf) };
         // SAFETY: as above.
-        let manager = unsafe { slf.downcast_unchecked::<PyManager>() };
-        let params = if kwnames.is_null() && nargs == 2 {
-            // The usual call: two positional arguments, read in place.
-            // SAFETY: `args` holds `nargs` arguments (the contract).
-            unsafe {
-                [
-                    Borrowed::from_ptr(py, *args),
-                    Borrowed::from_ptr(py, *args.add(1)),
-                ]
-            }
-        } else {
-            // SAFETY: forwarded from this function's contract.
-            unsafe { arguments(py, method, args, nargs, kwnames) }?
-        };
-        body(py, manager.get(), params)
+        let (manager, params) = unsafe { arguments(py, method, &slf, args, nargs, kwnames) }?;
+        body(py, manager, params)
     }));
     match outcome {
         Ok(Ok(obj)) => obj.into_ptr(),
@@ -231,64 +253,40 @@ unsafe fn call(
     }
 }
 
-unsafe extern "C" fn lookup(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: called by the interpreter as a METH_FASTCALL | METH_KEYWORDS
-    // method of `_Manager`.
-    unsafe {
-        call(
-            &METHODS[0],
-            slf,
-            args,
-            nargs,
-            kwnames,
-            |py, m, [key, ctx]| m.lookup_impl(py, &key, &ctx),
-        )
-    }
+/// Defines a METH_FASTCALL function of `METHODS[$index]`.
+macro_rules! fast_method {
+    ($name:ident, $index:expr, |$py:ident, $m:ident, $a:ident, $b:ident| $body:expr) => {
+        unsafe extern "C" fn $name(
+            slf: *mut ffi::PyObject,
+            args: *const *mut ffi::PyObject,
+            nargs: ffi::Py_ssize_t,
+            kwnames: *mut ffi::PyObject,
+        ) -> *mut ffi::PyObject {
+            // SAFETY: called by the interpreter as a METH_FASTCALL |
+            // METH_KEYWORDS method of `_Manager`.
+            unsafe {
+                call(
+                    &METHODS[$index],
+                    slf,
+                    args,
+                    nargs,
+                    kwnames,
+                    |$py, $m, [$a, $b]| $body,
+                )
+            }
+        }
+    };
 }
 
-unsafe extern "C" fn lookup_many(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: as for `lookup`.
-    unsafe {
-        call(
-            &METHODS[1],
-            slf,
-            args,
-            nargs,
-            kwnames,
-            |py, m, [keys, ctx]| m.lookup_many_impl(py, &keys, &ctx).map(Bound::into_any),
-        )
-    }
-}
-
-unsafe extern "C" fn lookup_prefix(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: as for `lookup`.
-    unsafe {
-        call(
-            &METHODS[2],
-            slf,
-            args,
-            nargs,
-            kwnames,
-            |py, m, [keys, ctx]| {
-                Ok(m.lookup_prefix_impl(py, &keys, &ctx)?
-                    .into_pyobject(py)?
-                    .into_any())
-            },
-        )
-    }
-}
+fast_method!(lookup, 0, |py, m, key, ctx| m
+    .inner()?
+    .lookup(py, &key, &ctx));
+fast_method!(lookup_many, 1, |py, m, keys, ctx| m
+    .inner()?
+    .lookup_many(py, &keys, &ctx)
+    .map(Bound::into_any));
+fast_method!(lookup_prefix, 2, |py, m, keys, ctx| Ok(m
+    .inner()?
+    .lookup_prefix(py, &keys, &ctx)?
+    .into_pyobject(py)?
+    .into_any()));

@@ -5,49 +5,36 @@
 //! written in Python, by overriding `batch_lookup`) and as the native
 //! `RedisLookupManager`, `S3LookupManager` and `DiskLookupManager`, whose
 //! lookups never take the GIL; plus `TierStack` and the exceptions.
+//!
+//! One file per concern: [`manager`] (the class and what it owns),
+//! [`lookups`] (the lookup paths), [`backend`] (the lookup manager by tier
+//! type), [`contexts`] and [`memo`] (what the lookups remember), [`native`]
+//! (the native tiers and their stores), [`pytier`] (a tier in Python),
+//! [`stack`], [`errors`], [`convert`], [`fast`] (METH_FASTCALL) and
+//! [`lifecycle`] (the interpreter's exit).
 
+mod backend;
+mod contexts;
 mod convert;
+mod errors;
 mod fast;
+mod lifecycle;
+mod lookups;
 mod manager;
+mod memo;
 mod native;
 mod pytier;
 mod stack;
 
-use pyo3::create_exception;
-use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-
-create_exception!(
-    _kvtier,
-    KvtierError,
-    PyException,
-    "Base class of kvtier's own exceptions."
-);
-create_exception!(
-    _kvtier,
-    TierError,
-    KvtierError,
-    "A store, load or remove failed: the tier is unreachable, rejected the credentials, or failed."
-);
-create_exception!(
-    _kvtier,
-    ShutDownError,
-    KvtierError,
-    "The manager was shut down: it answers no more lookups, stores or loads."
-);
 
 #[pymodule]
 fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    manager::IMMORTAL_SINGLETONS.store(
-        py.version_info() >= (3, 12),
-        std::sync::atomic::Ordering::Relaxed,
-    );
     m.add_class::<manager::PyManager>()?;
     fast::install(py, &py.get_type::<manager::PyManager>())?;
     m.add_class::<stack::PyTierStack>()?;
-    m.add("KvtierError", py.get_type::<KvtierError>())?;
-    m.add("TierError", py.get_type::<TierError>())?;
-    m.add("ShutDownError", py.get_type::<ShutDownError>())?;
+    errors::register(m)?;
+    lifecycle::install(m)?;
     Ok(())
 }

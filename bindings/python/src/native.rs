@@ -1,112 +1,205 @@
-//! Stores, loads and removes of the native tiers, without the GIL.
+//! The native tiers (Redis, S3, disk) behind the Python managers: each built
+//! on the one runtime its manager runs on, released by `shutdown()`, and
+//! their stores, loads and removes, which wait without the GIL.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use kvtier_core::{BlockStore, OffloadKey};
-use kvtier_disk::DiskTier;
-use kvtier_redis::RedisTier;
+use kvtier_core::{
+    BlockStore, DynBlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier, TierError,
+    TierErrorKind,
+};
+use kvtier_disk::{DiskConfig, DiskTier};
+use kvtier_redis::{RedisConfig, RedisTier};
 use kvtier_s3::{S3Config, S3Tier};
 
-use crate::{KvtierError, TierError};
-
-/// The tier a native manager wraps, for the calls that bypass lookups.
-pub(crate) enum Native {
-    /// A Python `batch_lookup`: no store / load.
-    None,
-    Redis(Arc<RedisTier>),
-    S3(Arc<S3Tier>),
-    Disk(Arc<DiskTier>),
-}
+use crate::errors::{self, TierError as PyTierError};
 
 /// The upper bound of one store / load / remove, over the tiers' own
 /// timeouts: the caller never hangs.
 const CALL_LIMIT: Duration = Duration::from_secs(60);
 
-/// The runtime of store / load / remove and of S3 set-up: two threads,
-/// started on first use and kept for the life of the process.
-fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
-    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("kvtier-py-io")
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| KvtierError::new_err(format!("could not start the I/O runtime: {e}")))
+/// A tier that [`close`](Self::close) lets go of: its manager and its Python
+/// object keep this wrapper, and the tier itself (a disk tier's directory
+/// lock, Redis connections, the runtime they hold) goes once the calls
+/// running then are over. A call after that fails as
+/// [`Unavailable`](TierErrorKind::Unavailable).
+#[derive(Debug)]
+pub(crate) struct Closable<T>(RwLock<Option<Arc<T>>>);
+
+impl<T> Closable<T> {
+    pub(crate) fn new(tier: T) -> Self {
+        Self(RwLock::new(Some(Arc::new(tier))))
+    }
+
+    /// The tier, unless closed.
+    fn get(&self) -> Result<Arc<T>, TierError> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| TierError::new(TierErrorKind::Unavailable, "the tier was shut down"))
+    }
+
+    /// Lets go of the tier.
+    pub(crate) fn close(&self) {
+        let tier = self
+            .0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(tier);
+    }
 }
 
-/// Runs `fut` to completion without the GIL, within [`CALL_LIMIT`].
-fn block_on<T: Send, E: std::fmt::Display + Send>(
+impl<T: Tier> Tier for Closable<T> {
+    async fn batch_lookup(
+        &self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<Vec<bool>, TierError> {
+        self.get()?.batch_lookup(keys, ctx).await
+    }
+}
+
+impl<T: BlockStore> BlockStore for Closable<T> {
+    async fn store(&self, key: &OffloadKey, block: &[u8]) -> Result<(), TierError> {
+        self.get()?.store(key, block).await
+    }
+    async fn load(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>, TierError> {
+        self.get()?.load(key).await
+    }
+    async fn remove(&self, key: &OffloadKey) -> Result<(), TierError> {
+        self.get()?.remove(key).await
+    }
+    async fn store_many(&self, blocks: &[(OffloadKey, Vec<u8>)]) -> Result<(), TierError> {
+        self.get()?.store_many(blocks).await
+    }
+    async fn load_many(&self, keys: &[OffloadKey]) -> Result<Vec<Option<Vec<u8>>>, TierError> {
+        self.get()?.load_many(keys).await
+    }
+    async fn remove_many(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        self.get()?.remove_many(keys).await
+    }
+    fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
+        match self.get() {
+            Ok(tier) => tier.manager_config(config),
+            Err(_) => config,
+        }
+    }
+}
+
+/// The runtime of a native manager and its tier: `worker_threads` threads
+/// (S3: at least `io_threads`), named after the tier.
+pub(crate) fn spawner(config: &ManagerConfig, threads: usize) -> PyResult<Spawner> {
+    Spawner::dedicated(format!("kvtier-lookup-{}", config.tier_name), threads)
+        .map_err(errors::build_error)
+}
+
+pub(crate) fn redis(config: RedisConfig, spawner: &Spawner) -> PyResult<Closable<RedisTier>> {
+    let tier = RedisTier::with_spawner(config, spawner).map_err(errors::config_error)?;
+    Ok(Closable::new(tier))
+}
+
+pub(crate) fn s3(
     py: Python<'_>,
-    what: &str,
-    fut: impl Future<Output = Result<T, E>> + Send,
-) -> PyResult<T> {
-    let rt = runtime()?;
-    let outcome =
-        py.allow_threads(|| rt.block_on(async { tokio::time::timeout(CALL_LIMIT, fut).await }));
-    match outcome {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(TierError::new_err(format!("{what} failed: {e}"))),
-        Err(_) => Err(TierError::new_err(format!(
-            "{what} did not finish within {} s",
-            CALL_LIMIT.as_secs()
-        ))),
+    config: S3Config,
+    spawner: &Spawner,
+) -> PyResult<Closable<S3Tier>> {
+    config.validate().map_err(errors::config_error)?;
+    let built = crate::lifecycle::allow_threads(py, || {
+        spawner
+            .handle()
+            .block_on(S3Tier::with_spawner(config, spawner))
+    });
+    Ok(Closable::new(built.map_err(errors::config_error)?))
+}
+
+pub(crate) fn disk(py: Python<'_>, config: DiskConfig) -> PyResult<Closable<DiskTier>> {
+    let tier = crate::lifecycle::allow_threads(py, || DiskTier::open(config))
+        .map_err(errors::config_error)?;
+    Ok(Closable::new(tier))
+}
+
+/// Stores, loads and removes of a native manager, on its runtime; taken
+/// away by `shutdown()`.
+#[derive(Clone)]
+pub(crate) struct Blocks {
+    /// The tier's kind, for messages.
+    kind: &'static str,
+    store: Arc<dyn DynBlockStore>,
+    /// Keeps the runtime alive while a call runs on it.
+    spawner: Spawner,
+}
+
+impl Blocks {
+    pub(crate) fn new(kind: &'static str, store: Arc<dyn DynBlockStore>, spawner: Spawner) -> Self {
+        Self {
+            kind,
+            store,
+            spawner,
+        }
+    }
+
+    /// Runs `op` on the calling thread, inside the runtime (the tiers' I/O
+    /// tasks run on its threads), without the GIL, within [`CALL_LIMIT`].
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        op: impl Future<Output = Result<T, TierError>> + Send,
+    ) -> PyResult<T> {
+        let outcome = crate::lifecycle::allow_threads(py, || {
+            self.spawner
+                .handle()
+                .block_on(async { tokio::time::timeout(CALL_LIMIT, op).await })
+        });
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(errors::tier_error(py, &format!("{} {what}", self.kind), &e)),
+            Err(_) => Err(PyTierError::new_err(format!(
+                "{} {what} did not finish within {} s",
+                self.kind,
+                CALL_LIMIT.as_secs()
+            ))),
+        }
+    }
+
+    pub(crate) fn store(&self, py: Python<'_>, key: &OffloadKey, data: &[u8]) -> PyResult<()> {
+        self.run(py, "store", self.store.store_dyn(key, data))
+    }
+
+    pub(crate) fn load(&self, py: Python<'_>, key: &OffloadKey) -> PyResult<Option<Vec<u8>>> {
+        self.run(py, "load", self.store.load_dyn(key))
+    }
+
+    pub(crate) fn remove(&self, py: Python<'_>, key: &OffloadKey) -> PyResult<()> {
+        self.run(py, "remove", self.store.remove_dyn(key))
     }
 }
 
-pub(crate) fn config_err(e: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(e.to_string())
-}
+/// [`Blocks`] until `shutdown()` takes them.
+#[derive(Default)]
+pub(crate) struct BlocksSlot(Mutex<Option<Blocks>>);
 
-pub(crate) fn new_s3(py: Python<'_>, config: S3Config) -> PyResult<S3Tier> {
-    config.validate().map_err(config_err)?;
-    block_on(py, "configuring the S3 tier", S3Tier::new(config))
-}
-
-pub(crate) fn store(
-    py: Python<'_>,
-    native: &Native,
-    key: &OffloadKey,
-    data: Vec<u8>,
-) -> PyResult<()> {
-    match native {
-        Native::Redis(t) => block_on(py, "redis store", BlockStore::store(t.as_ref(), key, &data)),
-        Native::S3(t) => block_on(py, "s3 store", BlockStore::store(&**t, key, &data)),
-        Native::Disk(t) => py
-            .allow_threads(|| t.store_blocking(key, &data))
-            .map_err(|e| TierError::new_err(format!("disk store failed: {e}"))),
-        Native::None => Ok(()),
+impl BlocksSlot {
+    pub(crate) fn new(blocks: Option<Blocks>) -> Self {
+        Self(Mutex::new(blocks))
     }
-}
 
-pub(crate) fn load(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<Option<Vec<u8>>> {
-    match native {
-        Native::Redis(t) => block_on(py, "redis load", BlockStore::load(t.as_ref(), key)),
-        Native::S3(t) => block_on(py, "s3 load", BlockStore::load(&**t, key)),
-        Native::Disk(t) => py
-            .allow_threads(|| t.load_blocking(key))
-            .map_err(|e| TierError::new_err(format!("disk load failed: {e}"))),
-        Native::None => Ok(None),
+    /// The blocks, if the manager is native and not shut down.
+    pub(crate) fn get(&self) -> Option<Blocks> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
-}
 
-pub(crate) fn remove(py: Python<'_>, native: &Native, key: &OffloadKey) -> PyResult<()> {
-    match native {
-        Native::Redis(t) => block_on(py, "redis remove", BlockStore::remove(t.as_ref(), key)),
-        Native::S3(t) => block_on(py, "s3 remove", BlockStore::remove(&**t, key)),
-        Native::Disk(t) => py
-            .allow_threads(|| t.remove_blocking(key))
-            .map(drop)
-            .map_err(|e| TierError::new_err(format!("disk remove failed: {e}"))),
-        Native::None => Ok(()),
+    /// Takes them away (at shutdown): the runtime may stop once no call runs.
+    pub(crate) fn take(&self) -> Option<Blocks> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 }

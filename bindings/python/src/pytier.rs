@@ -1,68 +1,110 @@
-//! A tier whose `batch_lookup` is a Python method of the manager object.
+//! A tier whose `batch_lookup` is a Python method of the manager object,
+//! called on the worker runtime's blocking pool (through
+//! [`PyCall`](crate::lifecycle::PyCall): see the interpreter's exit there).
+//!
+//! A lookup made right after `batch_lookup` returned sees its answers,
+//! though the lookup never waits: the thread that ran `batch_lookup` keeps
+//! the GIL until the worker has published them (a hand-over between two
+//! threads that need no GIL, bounded by [`PUBLISH_LIMIT`]), and the
+//! scheduler's lookup needs the GIL to run at all.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyList, PyWeakrefReference};
+use pyo3::types::{PyBool, PyBytes, PyList, PyTuple, PyWeakrefReference};
+use tokio::sync::oneshot;
 
 use kvtier_core::{OffloadKey, ReqContext, Tier, TierError, TierErrorKind};
 
+use crate::contexts::FirstObjects;
+use crate::errors;
+use crate::lifecycle::PyCall;
+
+/// How long the thread that ran `batch_lookup` keeps the GIL waiting for
+/// the publication of its answers (microseconds in practice; bounded for a
+/// worker that is stopping or starved).
+const PUBLISH_LIMIT: Duration = Duration::from_millis(200);
+
 /// Where one tier call stands between its `batch_lookup` and the
-/// publication of its outcome (which may come first: a call that timed out
-/// is published while its Python code still runs, or never runs).
+/// publication of its outcome, which may come first: a call that timed out
+/// is published while its Python code still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CallState {
     /// `batch_lookup` is running (or about to).
     Running,
-    /// `batch_lookup` returned; its outcome is not published yet.
-    Returned,
+    /// Its answers were handed to the worker; their publication is awaited.
+    Handed,
     /// The outcome was published while `batch_lookup` still ran.
     Published,
 }
 
-/// What the scheduler side and the worker share about Python calls.
+/// The calls whose `batch_lookup` started and whose accounting is not
+/// over, by call id ([`kvtier_core::current_call`]); shared by the Python
+/// thread and the wake hook.
 #[derive(Debug, Default)]
 pub(crate) struct PyCalls {
-    /// Calls whose `batch_lookup` returned and whose outcome is not yet
-    /// published: the calls a lookup waits for. Counted per call (see
-    /// `states`), so an outcome published without a `batch_lookup` (a call
-    /// that timed out waiting for a slot) or a `batch_lookup` that returns
-    /// after its call timed out leaves no drift behind.
-    unpublished: AtomicU64,
-    /// The calls whose `batch_lookup` started and whose accounting is not
-    /// over, by call id ([`kvtier_core::current_call`]).
-    states: Mutex<HashMap<u64, CallState>>,
-    /// The `req_context` object each request first passed, by request id.
-    contexts: Mutex<HashMap<Arc<str>, Py<PyAny>>>,
+    states: Mutex<CallStates>,
+    published: Condvar,
+    /// A `BaseException` that is not an `Exception` (`KeyboardInterrupt`,
+    /// `SystemExit`), raised by `batch_lookup` or its answer: raised again,
+    /// unchanged, by the scheduler's next call of the manager.
+    raised: Mutex<Option<PyErr>>,
+    /// Whether `raised` holds one (read by every lookup).
+    has_raised: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct CallStates {
+    calls: HashMap<u64, CallState>,
+    /// Set by `close`: nothing waits for a publication any more.
+    closed: bool,
 }
 
 impl PyCalls {
-    fn states(&self) -> std::sync::MutexGuard<'_, HashMap<u64, CallState>> {
+    fn states(&self) -> MutexGuard<'_, CallStates> {
         self.states.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Call `id`'s `batch_lookup` is about to run.
     fn started(&self, id: u64) {
-        self.states().insert(id, CallState::Running);
+        self.states().calls.insert(id, CallState::Running);
     }
 
-    /// Call `id`'s `batch_lookup` returned (called while the GIL is held).
-    fn returned(&self, id: u64) {
+    /// Call `id`'s `batch_lookup` returned: hands its answers to the worker
+    /// with `deliver`, then waits (the caller holding the GIL) until they
+    /// are published, unless the call's outcome was published already (it
+    /// timed out) or `deliver` finds nobody waiting for them.
+    fn returned(&self, id: Option<u64>, deliver: impl FnOnce() -> bool) {
+        let Some(id) = id else {
+            deliver();
+            return;
+        };
         let mut states = self.states();
-        match states.get(&id).copied() {
-            Some(CallState::Running) => {
-                states.insert(id, CallState::Returned);
-                self.unpublished.fetch_add(1, Ordering::AcqRel);
-            }
-            // Published already (it timed out): nothing to wait for.
-            Some(CallState::Published) => {
-                states.remove(&id);
-            }
-            Some(CallState::Returned) | None => {}
+        if states.calls.get(&id) == Some(&CallState::Published) {
+            states.calls.remove(&id);
+            return;
         }
+        if !deliver() {
+            states.calls.remove(&id);
+            return;
+        }
+        states.calls.insert(id, CallState::Handed);
+        let deadline = Instant::now() + PUBLISH_LIMIT;
+        while !states.closed && states.calls.get(&id) == Some(&CallState::Handed) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            states = self
+                .published
+                .wait_timeout(states, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        states.calls.remove(&id);
     }
 
     /// The wake hook: the outcome of the current call was just published.
@@ -73,57 +115,46 @@ impl PyCalls {
             return;
         };
         let mut states = self.states();
-        match states.get(&id).copied() {
+        match states.calls.get(&id) {
             Some(CallState::Running) => {
-                states.insert(id, CallState::Published);
+                states.calls.insert(id, CallState::Published);
             }
-            Some(CallState::Returned) => {
-                states.remove(&id);
-                self.unpublished.fetch_sub(1, Ordering::AcqRel);
+            Some(CallState::Handed) => {
+                states.calls.remove(&id);
+                self.published.notify_all();
             }
             // Never started (timed out waiting for a slot), or done.
             Some(CallState::Published) | None => {}
         }
     }
 
-    /// Waits (without the GIL) until every `batch_lookup` that has returned
-    /// has had its answers published, at most `limit`: a lookup made right
-    /// after a `batch_lookup` returned sees its answers.
-    #[inline]
-    pub(crate) fn wait_published(&self, py: Python<'_>, limit: Duration) {
-        if self.unpublished.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        py.allow_threads(|| {
-            let started = Instant::now();
-            while self.unpublished.load(Ordering::Acquire) > 0 && started.elapsed() < limit {
-                std::thread::yield_now();
-            }
-        });
-    }
-
-    /// Remembers the first context object of `req_id`.
-    pub(crate) fn remember(&self, req_id: &Arc<str>, ctx: &Bound<'_, PyAny>) {
-        let mut map = self.contexts.lock().unwrap_or_else(PoisonError::into_inner);
-        if !map.contains_key(req_id) {
-            map.insert(Arc::clone(req_id), ctx.clone().unbind());
+    /// Keeps `err` for the scheduler's next call (the first one wins).
+    fn keep_raised(&self, err: PyErr) {
+        let mut raised = self.raised.lock().unwrap_or_else(PoisonError::into_inner);
+        if raised.is_none() {
+            *raised = Some(err);
+            self.has_raised.store(true, Ordering::Release);
         }
     }
 
-    /// Forgets `req_id`'s context object; the caller drops it after the lock.
-    pub(crate) fn forget(&self, req_id: &str) -> Option<Py<PyAny>> {
-        self.contexts
+    /// The exception a `batch_lookup` raised that the scheduler's call must
+    /// raise, if any.
+    #[inline(always)]
+    pub(crate) fn take_raised(&self) -> Option<PyErr> {
+        if !self.has_raised.load(Ordering::Acquire) {
+            return None;
+        }
+        self.has_raised.store(false, Ordering::Release);
+        self.raised
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(req_id)
+            .take()
     }
 
-    fn context(&self, py: Python<'_>, req_id: &str) -> Option<Py<PyAny>> {
-        self.contexts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(req_id)
-            .map(|obj| obj.clone_ref(py))
+    /// The manager shut down: no publication is awaited any more.
+    pub(crate) fn close(&self) {
+        self.states().closed = true;
+        self.published.notify_all();
     }
 }
 
@@ -134,11 +165,20 @@ impl PyCalls {
 pub(crate) struct PyTier {
     owner: Py<PyWeakrefReference>,
     calls: Arc<PyCalls>,
+    contexts: Arc<FirstObjects>,
 }
 
 impl PyTier {
-    pub(crate) fn new(owner: Py<PyWeakrefReference>, calls: Arc<PyCalls>) -> Self {
-        Self { owner, calls }
+    pub(crate) fn new(
+        owner: Py<PyWeakrefReference>,
+        calls: Arc<PyCalls>,
+        contexts: Arc<FirstObjects>,
+    ) -> Self {
+        Self {
+            owner,
+            calls,
+            contexts,
+        }
     }
 }
 
@@ -146,22 +186,52 @@ fn error(kind: TierErrorKind, message: String) -> TierError {
     TierError::new(kind, message)
 }
 
+/// A `batch_lookup` that raised `err`: the call's error. A `BaseException`
+/// that is not an `Exception` is also kept for the scheduler (see
+/// [`PyCalls::take_raised`]).
+fn raised(
+    py: Python<'_>,
+    calls: &PyCalls,
+    err: PyErr,
+    describe: impl FnOnce(&PyErr) -> TierError,
+) -> TierError {
+    let tier_error = describe(&err);
+    if errors::is_base_only(py, &err) {
+        calls.keep_raised(err);
+    }
+    tier_error
+}
+
 /// Reads `answer` as exactly `expected` bools; stops reading one item past.
-fn answers(answer: &Bound<'_, PyAny>, expected: usize) -> Result<Vec<bool>, TierError> {
-    let iter = answer.try_iter().map_err(|e| {
-        error(
-            TierErrorKind::InvalidInput,
-            format!("batch_lookup returned a non-iterable: {e}"),
-        )
+fn answers(
+    py: Python<'_>,
+    calls: &PyCalls,
+    answer: &Bound<'_, PyAny>,
+    expected: usize,
+) -> Result<Vec<bool>, TierError> {
+    let python = PyCall::new(py);
+    let iter = python.iter(answer).map_err(|e| {
+        raised(py, calls, e, |e| {
+            error(
+                TierErrorKind::InvalidInput,
+                format!("batch_lookup returned a non-iterable: {e}"),
+            )
+        })
     })?;
     let mut found = Vec::with_capacity(expected);
-    for (index, item) in iter.enumerate() {
-        let item = item.map_err(|e| {
-            error(
-                TierErrorKind::Other,
-                format!("batch_lookup's answer raised after {index} items: {e}"),
-            )
-        })?;
+    for index in 0.. {
+        let item = match python.next(&iter) {
+            Ok(Some(item)) => item,
+            Ok(None) => break,
+            Err(e) => {
+                return Err(raised(py, calls, e, |e| {
+                    error(
+                        TierErrorKind::Other,
+                        format!("batch_lookup's answer raised after {index} items: {e}"),
+                    )
+                }));
+            }
+        };
         if index >= expected {
             return Err(error(
                 TierErrorKind::WrongResultCount,
@@ -212,13 +282,20 @@ impl Tier for PyTierTask {
         let tier = Arc::clone(&self.0);
         let keys = keys.to_vec();
         let ctx = ctx.clone();
-        match tokio::task::spawn_blocking(move || tier.call(&keys, &ctx, call)).await {
-            Ok(answer) => answer,
+        // The answer comes back through `answer` while the Python thread
+        // still holds the GIL (see the module docs); the task's own result
+        // only says whether it panicked.
+        let (answer, answered) = oneshot::channel();
+        let task = tokio::task::spawn_blocking(move || tier.call(&keys, &ctx, call, answer));
+        if let Ok(found) = answered.await {
+            return found;
+        }
+        match task.await {
             Err(join) if join.is_panic() => Err(error(
                 TierErrorKind::Panicked,
                 "the Python batch_lookup call panicked".to_owned(),
             )),
-            Err(_) => Err(error(
+            _ => Err(error(
                 TierErrorKind::Other,
                 "the Python batch_lookup call was cancelled".to_owned(),
             )),
@@ -227,50 +304,61 @@ impl Tier for PyTierTask {
 }
 
 impl PyTier {
-    /// Calls `batch_lookup` (on a blocking thread); `call` is the tier
-    /// call's id, if known.
+    /// Calls `batch_lookup` (on a blocking thread) and sends its answer;
+    /// `call` is the tier call's id, if known.
     fn call(
         &self,
         keys: &[OffloadKey],
         ctx: &ReqContext,
         call: Option<u64>,
-    ) -> Result<Vec<bool>, TierError> {
+        answer: oneshot::Sender<Result<Vec<bool>, TierError>>,
+    ) {
         Python::with_gil(|py| {
-            let result = (|| {
-                let Some(owner) = self.owner.bind(py).upgrade() else {
-                    return Err(error(
-                        TierErrorKind::Unavailable,
-                        "the manager object no longer exists".to_owned(),
-                    ));
-                };
-                let ctx_obj = match self.calls.context(py, ctx.req_id()) {
-                    Some(obj) => obj.into_bound(py),
-                    None => fallback_context(py, ctx.req_id()).map_err(|e| {
-                        error(
-                            TierErrorKind::Other,
-                            format!("could not build a req_context: {e}"),
-                        )
-                    })?,
-                };
-                let list = PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k.as_bytes())))
-                    .map_err(|e| error(TierErrorKind::Other, e.to_string()))?;
-                let answer = owner
-                    .call_method1(pyo3::intern!(py, "batch_lookup"), (list, ctx_obj))
-                    .map_err(|e| {
-                        error(
-                            TierErrorKind::Other,
-                            format!("batch_lookup raised {e} for {} keys", keys.len()),
-                        )
-                    })?;
-                answers(&answer, keys.len())
-            })();
-            // Counted while the GIL is held: a scheduler thread that runs
-            // next waits for the publication (see `wait_published`).
-            if let Some(id) = call {
-                self.calls.returned(id);
-            }
-            result
-        })
+            let found = self.ask(py, keys, ctx);
+            self.calls
+                .returned(call, move || answer.send(found).is_ok());
+        });
+    }
+
+    fn ask(
+        &self,
+        py: Python<'_>,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<Vec<bool>, TierError> {
+        let Some(owner) = self.owner.bind(py).upgrade() else {
+            return Err(error(
+                TierErrorKind::Unavailable,
+                "the manager object no longer exists".to_owned(),
+            ));
+        };
+        let ctx_obj = match self.contexts.get(py, ctx.req_id()) {
+            Some(obj) => obj.into_bound(py),
+            None => fallback_context(py, ctx.req_id()).map_err(|e| {
+                error(
+                    TierErrorKind::Other,
+                    format!("could not build a req_context: {e}"),
+                )
+            })?,
+        };
+        let list = PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k.as_bytes())))
+            .map_err(|e| error(TierErrorKind::Other, e.to_string()))?;
+        // Through `PyCall`: Python code on a kvtier thread (see `lifecycle`).
+        let python = PyCall::new(py);
+        let args = PyTuple::new(py, [list.into_any(), ctx_obj])
+            .map_err(|e| error(TierErrorKind::Other, e.to_string()))?;
+        let answer = python
+            .getattr(owner.as_any(), pyo3::intern!(py, "batch_lookup"))
+            .and_then(|method| python.call(&method, &args))
+            .map_err(|e| {
+                raised(py, &self.calls, e, |e| {
+                    error(
+                        TierErrorKind::Other,
+                        format!("batch_lookup raised {e} for {} keys", keys.len()),
+                    )
+                })
+            })?;
+        answers(py, &self.calls, &answer, keys.len())
     }
 }
 

@@ -1,4 +1,5 @@
-//! `kvtier.TierStack`: several managers, one prefix question.
+//! `kvtier.TierStack`: several managers, one prefix question. Its members
+//! are the managers' own state, shared with their Python objects.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -12,6 +13,8 @@ use kvtier_core::{
 };
 
 use crate::convert;
+use crate::errors;
+use crate::lifecycle::Owner;
 use crate::manager::{Inner, PyManager, stats_dict};
 
 /// A manager shared between its Python object and a stack.
@@ -22,35 +25,35 @@ impl DynLookupManager for Member {
         &self.0.tier_name
     }
     fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupVerdict, LookupError> {
-        self.0.lock().manager.lookup(key, ctx)
+        self.0.lock().backend.lookup(key, ctx)
     }
     fn lookup_prefix(
         &mut self,
         keys: &[OffloadKey],
         ctx: &ReqContext,
     ) -> Result<PrefixVerdict, LookupError> {
-        self.0.lock().manager.lookup_prefix(keys, ctx)
+        self.0.lock().backend.lookup_prefix(keys, ctx)
     }
     fn flush(&mut self) {
-        self.0.lock().manager.flush();
+        self.0.lock().backend.flush();
     }
     fn drain_results(&mut self) {
-        self.0.lock().manager.drain_results();
+        self.0.lock().backend.drain_results();
     }
     fn mark_miss(&mut self, keys: &[OffloadKey]) {
-        self.0.lock().manager.mark_miss(keys);
+        self.0.lock().backend.mark_miss(keys);
     }
     fn cleanup(&mut self, req_id: &str) {
-        self.0.lock().manager.cleanup(req_id);
+        self.0.lock().backend.cleanup(req_id);
     }
     fn stats(&self) -> ManagerStats {
-        self.0.lock().manager.stats()
+        self.0.lock().backend.stats()
     }
     fn is_idle(&self) -> bool {
-        self.0.lock().manager.is_idle()
+        self.0.lock().backend.is_idle()
     }
     fn shutdown(&mut self) -> ShutdownReport {
-        self.0.lock().manager.shutdown()
+        self.0.lock().backend.shutdown()
     }
 }
 
@@ -59,6 +62,8 @@ impl DynLookupManager for Member {
 pub(crate) struct PyTierStack {
     stack: Mutex<TierStack>,
     members: Vec<Arc<Inner>>,
+    /// The process that made it (see [`crate::lifecycle`]).
+    owner: Owner,
 }
 
 impl PyTierStack {
@@ -67,8 +72,16 @@ impl PyTierStack {
     /// and the worker may need the GIL to finish a Python `batch_lookup`:
     /// blocking on a member with the GIL held would stall the interpreter.
     /// Nothing `f` does needs the GIL (members call the Rust managers).
-    fn with_stack<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut TierStack) -> R + Send) -> R {
-        py.allow_threads(|| f(&mut self.stack.lock().unwrap_or_else(PoisonError::into_inner)))
+    /// `ForkError` in a child forked after the stack was made.
+    fn with_stack<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut TierStack) -> R + Send,
+    ) -> PyResult<R> {
+        self.owner.check("TierStack")?;
+        Ok(crate::lifecycle::allow_threads(py, || {
+            f(&mut self.stack.lock().unwrap_or_else(PoisonError::into_inner))
+        }))
     }
 }
 
@@ -110,6 +123,7 @@ impl PyTierStack {
         Ok(Self {
             stack: Mutex::new(stack),
             members,
+            owner: Owner::here(),
         })
     }
 
@@ -121,11 +135,12 @@ impl PyTierStack {
         keys: &Bound<'_, PyAny>,
         req_context: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<usize>>> {
+        self.owner.check("TierStack")?;
         let keys = convert::keys(keys)?;
         let ctx = ReqContext::new(convert::req_id(req_context)?);
         let verdict = self
-            .with_stack(py, |s| s.lookup_prefix(&keys, &ctx))
-            .map_err(crate::manager::lookup_err)?;
+            .with_stack(py, |s| s.lookup_prefix(&keys, &ctx))?
+            .map_err(errors::lookup_error)?;
         Ok(match verdict {
             StackVerdict::Pending => None,
             StackVerdict::Ready { locations } => Some(locations),
@@ -133,30 +148,30 @@ impl PyTierStack {
     }
 
     /// Flushes every tier.
-    fn flush(&self, py: Python<'_>) {
-        self.with_stack(py, TierStack::flush);
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_stack(py, TierStack::flush)
     }
 
     /// Applies waiting results in every tier.
-    fn drain_results(&self, py: Python<'_>) {
-        self.with_stack(py, TierStack::drain_results);
+    fn drain_results(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_stack(py, TierStack::drain_results)
     }
 
     /// Marks `keys` missing in tier `index` after a failed load from it.
     fn mark_miss(&self, py: Python<'_>, index: usize, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.owner.check("TierStack")?;
         let keys = convert::keys(keys)?;
-        self.with_stack(py, |s| s.mark_miss(index, &keys));
-        Ok(())
+        self.with_stack(py, |s| s.mark_miss(index, &keys))
     }
 
     /// Releases `req_id` in every tier.
-    fn cleanup(&self, py: Python<'_>, req_id: String) {
-        self.with_stack(py, |s| s.cleanup(&req_id));
+    fn cleanup(&self, py: Python<'_>, req_id: String) -> PyResult<()> {
+        self.with_stack(py, |s| s.cleanup(&req_id))
     }
 
     /// Each tier's stats, in order.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let stats = self.with_stack(py, |s| s.stats());
+        let stats = self.with_stack(py, |s| s.stats())?;
         let list = PyList::empty(py);
         for s in &stats {
             list.append(stats_dict(py, s)?)?;
@@ -169,8 +184,12 @@ impl PyTierStack {
         self.members.iter().map(|m| m.tier_name.clone()).collect()
     }
 
-    /// Shuts every tier down (each within its own timeout).
+    /// Shuts every tier down (each within its own timeout). In a child
+    /// forked after the stack was made, does nothing.
     fn shutdown(&self, py: Python<'_>) {
+        if !self.owner.is_here() {
+            return;
+        }
         for member in &self.members {
             crate::manager::shutdown(py, member);
         }

@@ -130,11 +130,27 @@ def test_stats_report_counters_and_time_to_verdict(ctx):
 def test_manager_config_keywords_are_applied(ctx):
     m = InMemoryLookupManager(tier_type="mem2", tier_name="named", max_key_len=4)
     try:
-        assert m.tier_type == "named"
+        assert m.tier_name == "named"
+        assert m.tier_type == "mem2"
         with pytest.raises(ValueError):
             m.lookup(b"12345", ctx)
     finally:
         m.shutdown()
+
+
+def test_tier_type_is_the_type_and_a_factory_may_set_it(tmp_path):
+    """vLLM's tier factories set `tier_type` on the tiers they build."""
+    m = InMemoryLookupManager(tier_type="memory")
+    d = kvtier.DiskLookupManager(path=str(tmp_path / "d"), tier_name="local")
+    try:
+        assert (m.tier_type, m.tier_name) == ("memory", "memory")
+        assert (d.tier_type, d.tier_name) == ("disk", "local")
+        m.tier_type = "cpu"
+        assert m.tier_type == "cpu" and m.tier_name == "memory"
+        assert m.stats()["tier"] == "memory"
+    finally:
+        m.shutdown()
+        d.shutdown()
 
 
 def test_a_tier_stack_says_which_tier_holds_each_leading_block(ctx):

@@ -6,11 +6,12 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 
 import pytest
 
 import kvtier
-from conftest import GUARD, ReqContext, key, require_env, resolve
+from conftest import GUARD, ReqContext, key, require_env, resolve, wait_for
 
 
 def unique_prefix() -> str:
@@ -202,3 +203,102 @@ def test_an_unreachable_s3_is_a_typed_error_and_a_counted_error_in_lookups():
         assert stats["errors"] + stats["timeouts"] == 1 and stats["misses"] == 0, stats
     finally:
         m.shutdown()
+
+
+def kvtier_threads() -> Counter:
+    """The names of this process's threads that kvtier started."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass  # the thread ended meanwhile
+    return Counter(n for n in names if n.startswith("kvtier"))
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_a_native_manager_and_its_tier_share_one_runtime_which_shutdown_stops(kind):
+    """The manager's lookups, its tier's connections and its stores run on
+    one runtime, named after the manager (Linux shows 15 characters)."""
+    before = kvtier_threads()
+    if kind == "redis":
+        (url,) = require_env("KVTIER_REDIS_URL")
+        m = kvtier.RedisLookupManager(url=url, key_prefix=unique_prefix(), tier_name="x")
+    else:
+        endpoint, bucket = require_env("KVTIER_S3_ENDPOINT", "KVTIER_S3_BUCKET")
+        m = kvtier.S3LookupManager(bucket=bucket, endpoint=endpoint, force_path_style=True,
+                                   prefix=unique_prefix().replace(":", "/"), tier_name="x")
+    try:
+        m.store(key(1), b"x")
+        assert resolve(m, key(1), ReqContext("r")) is True
+        assert m.load(key(1)) == b"x"
+        m.remove(key(1))
+        started = kvtier_threads() - before
+        assert set(started) == {"kvtier-lookup-x"}, started
+    finally:
+        m.shutdown()
+    wait_for(lambda: "kvtier-lookup-x" not in kvtier_threads() - before,
+             "the runtime's threads to stop after shutdown")
+
+
+def test_shutdown_unlocks_the_disk_directory(tmp_path):
+    m = disk(tmp_path)
+    m.store(key(1), b"kept")
+    m.shutdown()
+    again = disk(tmp_path)  # the same directory, in the same process
+    try:
+        assert again.load(key(1)) == b"kept"
+    finally:
+        again.shutdown()
+    del m
+
+
+ERROR_CLASSES = {
+    # class name: (kind, built-in exception it also is, if any)
+    "TierConnectionError": ("unavailable", ConnectionError),
+    "TierTimeoutError": ("timeout", TimeoutError),
+    "TierThrottledError": ("throttled", None),
+    "TierConfigError": ("config", None),
+    "TierInvalidInputError": ("invalid_input", ValueError),
+    "TierDataError": ("corrupt", None),
+}
+
+
+def test_each_error_kind_has_a_tier_error_subclass_exported_by_kvtier():
+    for name, (_, builtin) in ERROR_CLASSES.items():
+        cls = getattr(kvtier, name)
+        assert name in kvtier.__all__
+        assert issubclass(cls, kvtier.TierError) and issubclass(cls, kvtier.KvtierError)
+        assert cls.__module__ == "kvtier" and cls.__doc__
+        if builtin is not None:
+            assert issubclass(cls, builtin)
+
+
+def expect_tier_error(call, cls_name):
+    cls = getattr(kvtier, cls_name)
+    with pytest.raises(cls) as err:
+        call()
+    assert err.value.kind == ERROR_CLASSES[cls_name][0]
+    return err.value
+
+
+def test_a_failed_store_raises_the_subclass_of_its_kind(tmp_path):
+    (url,) = require_env("KVTIER_REDIS_URL")
+    endpoint, bucket = require_env("KVTIER_S3_ENDPOINT", "KVTIER_S3_BUCKET")
+    unreachable = kvtier.RedisLookupManager(url=f"redis://127.0.0.1:{free_port()}/",
+                                            connect_timeout_ms=200, response_timeout_ms=200)
+    refused = kvtier.RedisLookupManager(url=url, username="nobody", password="wrong")
+    no_bucket = kvtier.S3LookupManager(bucket="kvtier-no-such-bucket", endpoint=endpoint,
+                                       force_path_style=True, max_attempts=1)
+    local = disk(tmp_path)
+    try:
+        e = expect_tier_error(lambda: unreachable.store(key(1), b"x"), "TierConnectionError")
+        assert isinstance(e, ConnectionError) and "redis store" in str(e)
+        expect_tier_error(lambda: refused.load(key(1)), "TierConfigError")
+        expect_tier_error(lambda: no_bucket.store(key(1), b"x"), "TierConfigError")
+        e = expect_tier_error(lambda: local.store(b"short", b"x"), "TierInvalidInputError")
+        assert isinstance(e, ValueError)
+    finally:
+        for m in (unreachable, refused, no_bucket, local):
+            m.shutdown()

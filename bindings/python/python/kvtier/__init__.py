@@ -5,10 +5,22 @@ same name: subclass it and override ``batch_lookup``. ``RedisLookupManager``,
 ``S3LookupManager`` and ``DiskLookupManager`` are native tiers whose lookups
 never take the GIL. See README.md in ``bindings/python``.
 
+A failed ``store``, ``load`` or ``remove`` raises a subclass of ``TierError``
+that says why: ``TierConnectionError`` (also a ``ConnectionError``),
+``TierTimeoutError`` (also a ``TimeoutError``) and ``TierThrottledError`` may
+succeed later; ``TierConfigError`` (credentials, permissions, a missing
+bucket) will not; ``TierInvalidInputError`` (also a ``ValueError``) rejects
+the argument; ``TierDataError`` is stored data that failed its checks. The
+exception's ``kind`` is the kind's name.
+
 After ``shutdown()``, ``lookup``, ``lookup_many``, ``lookup_prefix``,
 ``store``, ``load`` and ``remove`` raise ``ShutDownError``; ``flush`` and
 ``drain_results`` do nothing; ``cleanup``, ``mark_miss`` and ``stats`` still
 work. ``shutdown()`` is idempotent and returns within ``shutdown_timeout_ms``.
+
+A manager belongs to the process that made it: in a child forked after it
+was made, its methods raise ``ForkError`` at once (``shutdown()`` does
+nothing) and the parent is not disturbed. Make managers after forking.
 """
 
 from __future__ import annotations
@@ -16,17 +28,37 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ._kvtier import KvtierError, ShutDownError, TierError, TierStack, _Manager
+from ._kvtier import (
+    ForkError,
+    KvtierError,
+    ShutDownError,
+    TierConfigError,
+    TierConnectionError,
+    TierDataError,
+    TierError,
+    TierInvalidInputError,
+    TierStack,
+    TierThrottledError,
+    TierTimeoutError,
+    _Manager,
+)
 
 __all__ = [
     "AsyncLookupManager",
     "DiskLookupManager",
+    "ForkError",
     "KvtierError",
     "RedisLookupManager",
     "S3LookupManager",
     "ShutDownError",
+    "TierConfigError",
+    "TierConnectionError",
+    "TierDataError",
     "TierError",
+    "TierInvalidInputError",
     "TierStack",
+    "TierThrottledError",
+    "TierTimeoutError",
 ]
 
 
@@ -46,6 +78,7 @@ class AsyncLookupManager(_Manager):
 
     def __init__(self, tier_type: str, **config: Any) -> None:
         self._init_python_tier(tier_type, config)
+        self.tier_type = tier_type
 
     def batch_lookup(self, keys: list[bytes], req_context: Any) -> Iterable[bool]:
         """Whether each key exists in the tier; one bool per key, in order."""
@@ -64,6 +97,7 @@ class RedisLookupManager(_Manager):
 
     def __init__(self, **config: Any) -> None:
         self._init_native("redis", config)
+        self.tier_type = "redis"
 
     store = _Manager._store
     load = _Manager._load
@@ -75,6 +109,7 @@ class S3LookupManager(_Manager):
 
     def __init__(self, **config: Any) -> None:
         self._init_native("s3", config)
+        self.tier_type = "s3"
 
     store = _Manager._store
     load = _Manager._load
@@ -86,6 +121,7 @@ class DiskLookupManager(_Manager):
 
     def __init__(self, **config: Any) -> None:
         self._init_native("disk", config)
+        self.tier_type = "disk"
 
     store = _Manager._store
     load = _Manager._load

@@ -4,12 +4,19 @@ from typing import Any, Protocol
 __all__ = [
     "AsyncLookupManager",
     "DiskLookupManager",
+    "ForkError",
     "KvtierError",
     "RedisLookupManager",
     "S3LookupManager",
     "ShutDownError",
+    "TierConfigError",
+    "TierConnectionError",
+    "TierDataError",
     "TierError",
+    "TierInvalidInputError",
     "TierStack",
+    "TierThrottledError",
+    "TierTimeoutError",
 ]
 
 class _HasReqId(Protocol):
@@ -17,12 +24,29 @@ class _HasReqId(Protocol):
     def req_id(self) -> str: ...
 
 class KvtierError(Exception): ...
-class TierError(KvtierError): ...
 class ShutDownError(KvtierError): ...
+class ForkError(KvtierError): ...
+
+class TierError(KvtierError):
+    kind: str
+    """The error kind's name: "unavailable", "timeout", "throttled", "config",
+    "invalid_input", "corrupt", "wrong_result_count", "panicked" or "other"."""
+
+class TierConnectionError(TierError, ConnectionError): ...
+class TierTimeoutError(TierError, TimeoutError): ...
+class TierThrottledError(TierError): ...
+class TierConfigError(TierError): ...
+class TierInvalidInputError(TierError, ValueError): ...
+class TierDataError(TierError): ...
 
 class _Manager:
+    tier_type: str
+    """The tier's type: the `tier_type` given to `AsyncLookupManager`, or
+    "redis", "s3", "disk". A plain attribute (a factory may set it)."""
     @property
-    def tier_type(self) -> str: ...
+    def tier_name(self) -> str:
+        """The manager's name in stats, logs and metrics: `tier_name=` if
+        given, else the tier's type."""
     def lookup(self, key: bytes, req_context: _HasReqId) -> bool | None: ...
     def lookup_many(self, keys: Iterable[bytes], req_context: _HasReqId) -> list[bool | None]: ...
     def lookup_prefix(self, keys: Iterable[bytes], req_context: _HasReqId) -> int | None: ...

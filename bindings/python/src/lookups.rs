@@ -1,0 +1,298 @@
+//! The lookup paths of a manager object: `lookup`, `lookup_many` and
+//! `lookup_prefix`, shared by the PyO3 methods and the METH_FASTCALL ones
+//! ([`crate::fast`]).
+//!
+//! With a `req_context` object seen before and a free lock, a call runs in
+//! one pass under the core's lock, holding the GIL: each key comes from the
+//! memo (or is built), is looked up, and its answer goes straight into the
+//! result. Otherwise the keys are copied out, `req_id` is read, and the
+//! lock is waited for without the GIL.
+
+use std::sync::Arc;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyList};
+
+use kvtier_core::{
+    AsyncLookupManager, DynLookupManager, LookupError, LookupVerdict, OffloadKey, PrefixVerdict,
+    ReqContext, Tier,
+};
+
+use crate::backend::{Backend, each_backend};
+use crate::convert::{self, KeyObj};
+use crate::errors;
+use crate::manager::{Core, Inner};
+use crate::memo::KeyMemo;
+
+impl Inner {
+    /// `True` (present), `False` (absent) or `None` (pending).
+    #[inline(always)]
+    pub(crate) fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        req_context: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: `key` is alive (held by the caller for the whole call).
+        if !unsafe { convert::is_bytes(key.as_ptr()) } {
+            return Err(convert::not_bytes(key));
+        }
+        self.reraise()?;
+        // The fast path of `try_known_ctx`, written out: one lookup's share
+        // of a closure call is worth saving.
+        if let Ok(mut guard) = self.core.try_lock() {
+            let Core {
+                backend,
+                contexts,
+                memo,
+            } = &mut *guard;
+            if let Some(ctx) = contexts.known(req_context.as_ptr() as usize) {
+                memo.count(1);
+                // SAFETY: the GIL is held and `key` is alive.
+                let key = unsafe { memo.key(py, KeyObj::new_unchecked(key.as_ptr())) };
+                // Through `Backend`'s one `lookup`: the concrete managers'
+                // `lookup` then has one more caller only, `lookup_each`,
+                // which keeps it inlined there.
+                let v = backend.lookup(key, ctx).map_err(errors::lookup_error)?;
+                return Ok(verdict(py, v));
+            }
+        }
+        let key = convert::key(key)?;
+        let v = self
+            .with_new_ctx(py, req_context, move |m, ctx| m.lookup(&key, ctx))?
+            .map_err(errors::lookup_error)?;
+        Ok(verdict(py, v))
+    }
+
+    /// One answer per key, as `lookup` would give.
+    #[inline]
+    pub(crate) fn lookup_many<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        req_context: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        self.reraise()?;
+        // The answer list is made before the keys are borrowed (making it
+        // may run the garbage collector); nothing in the closure releases
+        // the GIL, allocates a Python object or runs Python code.
+        let fast = convert::with_key_objects(
+            keys,
+            |len| VerdictList::new(py, len),
+            |objects, mut list| {
+                let done = self
+                    .try_known_ctx(req_context, |backend, ctx, memo| {
+                        memo.count(objects.len());
+                        // SAFETY: the GIL is held (fast path) and the keys'
+                        // objects are alive (see `with_key_objects`).
+                        each_backend!(backend, m => unsafe {
+                            lookup_each(py, m, ctx, memo, objects, &mut list)
+                        })
+                    })
+                    .map_err(drop);
+                match done {
+                    Ok(Ok(())) => Ok(Ok(list.finish())),
+                    Ok(Err(e)) => Ok(Err(errors::lookup_error(e))),
+                    // Copied out before the slow path may release the GIL.
+                    // SAFETY: the objects are alive and the GIL held.
+                    Err(_) => Err(objects
+                        .iter()
+                        .map(|k| unsafe { k.key() })
+                        .collect::<Vec<_>>()),
+                }
+            },
+        )?;
+        let keys = match fast {
+            Ok(done) => return done,
+            Err(keys) => keys,
+        };
+        let verdicts = self
+            .with_new_ctx(py, req_context, move |m, ctx| {
+                let mut out = Vec::with_capacity(keys.len());
+                for key in &keys {
+                    out.push(m.lookup(key, ctx)?);
+                }
+                Ok(out)
+            })?
+            .map_err(errors::lookup_error)?;
+        let mut list = VerdictList::new(py, verdicts.len())?;
+        for (index, v) in verdicts.into_iter().enumerate() {
+            list.set(index, v);
+        }
+        Ok(list.finish())
+    }
+
+    /// How many leading keys exist, or `None` while one before the first
+    /// miss is pending.
+    #[inline]
+    pub(crate) fn lookup_prefix(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        req_context: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        self.reraise()?;
+        // Nothing in this closure releases the GIL, allocates a Python
+        // object or runs Python code.
+        let fast = convert::with_key_objects(
+            keys,
+            |_| Ok(()),
+            |objects, ()| {
+                let done = self.try_known_ctx(req_context, |m, ctx, memo| {
+                    memo.count(objects.len());
+                    let keys: Vec<OffloadKey> = objects
+                        .iter()
+                        // SAFETY: as in `lookup_many`.
+                        .map(|&k| unsafe { memo.key(py, k) }.clone())
+                        .collect();
+                    m.lookup_prefix(&keys, ctx)
+                });
+                // SAFETY: the objects are alive and the GIL held.
+                done.map_err(|_| {
+                    objects
+                        .iter()
+                        .map(|k| unsafe { k.key() })
+                        .collect::<Vec<_>>()
+                })
+            },
+        )?;
+        let v = match fast {
+            Ok(v) => v,
+            Err(keys) => {
+                self.with_new_ctx(py, req_context, move |m, ctx| m.lookup_prefix(&keys, ctx))?
+            }
+        }
+        .map_err(errors::lookup_error)?;
+        Ok(match v {
+            PrefixVerdict::Ready(n) => Some(n),
+            PrefixVerdict::Pending => None,
+        })
+    }
+
+    /// Runs `f` with the backend, the context of `ctx` and the key memo
+    /// when `ctx` is an object seen before (compared by identity: no
+    /// attribute read) and the core's lock is free: the whole call then
+    /// holds the GIL, and `f` may use Python objects. Otherwise hands `f`
+    /// back untouched; the caller then goes through
+    /// [`with_new_ctx`](Self::with_new_ctx).
+    #[inline]
+    fn try_known_ctx<R, F>(&self, ctx: &Bound<'_, PyAny>, f: F) -> Result<R, F>
+    where
+        F: FnOnce(&mut Backend, &ReqContext, &mut KeyMemo) -> R,
+    {
+        if let Ok(mut guard) = self.core.try_lock() {
+            let Core {
+                backend,
+                contexts,
+                memo,
+            } = &mut *guard;
+            if let Some(rc) = contexts.known(ctx.as_ptr() as usize) {
+                return Ok(f(backend, rc, memo));
+            }
+        }
+        Err(f)
+    }
+
+    /// The slow half of [`try_known_ctx`](Self::try_known_ctx): reads
+    /// `req_id`, remembers the object, and waits for the lock without the
+    /// GIL. The caller has copied its keys out (the GIL may be released).
+    #[inline(never)]
+    fn with_new_ctx<R: Send>(
+        &self,
+        py: Python<'_>,
+        ctx: &Bound<'_, PyAny>,
+        f: impl FnOnce(&mut dyn DynLookupManager, &ReqContext) -> R + Send,
+    ) -> PyResult<R> {
+        let address = ctx.as_ptr() as usize;
+        let rc = ReqContext::new(Arc::<str>::from(convert::req_id(ctx)?));
+        let held = [ctx.clone().unbind(), ctx.clone().unbind()];
+        let (result, released) = self.with_core(py, move |core| {
+            let mut released = Vec::new();
+            core.contexts.remember(address, held, &rc, &mut released);
+            (f(&mut core.backend, &rc), released)
+        });
+        // Released with the GIL, after the lock (a finalizer may run Python
+        // code), as `Bound`s: released at once even in a METH_FASTCALL
+        // entry point, where PyO3 does not count the GIL as held.
+        for obj in released {
+            drop(obj.into_bound(py));
+        }
+        Ok(result)
+    }
+}
+
+/// Looks each of `objects` up in `m`, its answer into `list`. One
+/// concrete manager per instance: the loop calls that manager's own
+/// `lookup`, inlined here.
+///
+/// # Safety
+/// The GIL is held and the objects are alive.
+#[inline(never)]
+unsafe fn lookup_each<T: Tier>(
+    py: Python<'_>,
+    m: &mut AsyncLookupManager<T>,
+    ctx: &ReqContext,
+    memo: &mut KeyMemo,
+    objects: &[KeyObj],
+    list: &mut VerdictList<'_>,
+) -> Result<(), LookupError> {
+    for (index, &obj) in objects.iter().enumerate() {
+        // SAFETY: forwarded.
+        let v = m.lookup(unsafe { memo.key(py, obj) }, ctx)?;
+        list.set(index, v);
+    }
+    Ok(())
+}
+
+/// The singleton `True`, `False` or `None` of a verdict, as a new reference.
+#[inline(always)]
+fn verdict(py: Python<'_>, v: LookupVerdict) -> Bound<'_, PyAny> {
+    match v {
+        LookupVerdict::Hit => PyBool::new(py, true).to_owned().into_any(),
+        LookupVerdict::Miss => PyBool::new(py, false).to_owned().into_any(),
+        LookupVerdict::Pending => py.None().into_bound(py),
+    }
+}
+
+/// A new list of verdicts being filled; its unset items are null until
+/// `set` fills them (a list dropped half-filled skips them).
+struct VerdictList<'py> {
+    list: Bound<'py, PyList>,
+}
+
+impl<'py> VerdictList<'py> {
+    /// A list of `len` unset items.
+    #[inline]
+    fn new(py: Python<'py>, len: usize) -> PyResult<Self> {
+        let len = ffi::Py_ssize_t::try_from(len)
+            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("too many keys"))?;
+        // SAFETY: PyList_New returns a new reference or null with an error set.
+        let list = unsafe {
+            Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))?
+                .downcast_into_unchecked::<PyList>()
+        };
+        Ok(Self { list })
+    }
+
+    /// Sets item `index` (within the length, set once) to `v`.
+    #[inline(always)]
+    fn set(&mut self, index: usize, v: LookupVerdict) {
+        let item = verdict(self.list.py(), v);
+        // SAFETY: the list was made by `new` with room for `index`, so
+        // PyList_SetItem cannot fail; it steals the new reference.
+        unsafe {
+            ffi::PyList_SetItem(
+                self.list.as_ptr(),
+                index as ffi::Py_ssize_t,
+                item.into_ptr(),
+            );
+        }
+    }
+
+    /// The filled list.
+    #[inline]
+    fn finish(self) -> Bound<'py, PyList> {
+        self.list
+    }
+}
