@@ -49,7 +49,7 @@ struct Subclass {
 }
 
 /// The subclasses, in the order of [`subclass_of`]'s indices.
-const SUBCLASSES: [Subclass; 6] = [
+const SUBCLASSES: [Subclass; 7] = [
     Subclass {
         name: "TierConnectionError",
         builtin: Some(|py| py.get_type::<pyo3::exceptions::PyConnectionError>()),
@@ -84,6 +84,13 @@ const SUBCLASSES: [Subclass; 6] = [
         builtin: None,
         doc: "Stored data failed a checksum or could not be parsed (kind \"corrupt\").",
     },
+    Subclass {
+        name: "TierPermissionError",
+        builtin: Some(|py| py.get_type::<pyo3::exceptions::PyPermissionError>()),
+        doc: "The tier accepted the credentials but denies this operation, such as \
+              a Redis ACL without EXISTS or GET (kind \"permission_denied\"). \
+              Retrying will not help. Also a PermissionError.",
+    },
 ];
 
 /// The index in [`SUBCLASSES`] of `kind`'s class; `None` for the kinds
@@ -97,6 +104,10 @@ fn subclass_of(kind: TierErrorKind) -> Option<usize> {
         TierErrorKind::Config => Some(3),
         TierErrorKind::InvalidInput => Some(4),
         TierErrorKind::Corrupt => Some(5),
+        TierErrorKind::PermissionDenied => Some(6),
+        // A block stored at another length than the caller's region: the
+        // call's input does not fit the data.
+        TierErrorKind::LengthMismatch => Some(4),
         _ => None,
     }
 }

@@ -8,8 +8,9 @@ never take the GIL. See README.md in ``bindings/python``.
 A failed ``store``, ``load`` or ``remove`` raises a subclass of ``TierError``
 that says why: ``TierConnectionError`` (also a ``ConnectionError``),
 ``TierTimeoutError`` (also a ``TimeoutError``) and ``TierThrottledError`` may
-succeed later; ``TierConfigError`` (credentials, permissions, a missing
-bucket) will not; ``TierInvalidInputError`` (also a ``ValueError``) rejects
+succeed later; ``TierConfigError`` (credentials, a missing bucket) and
+``TierPermissionError`` (also a ``PermissionError``: an operation the
+server denies this user) will not; ``TierInvalidInputError`` (also a ``ValueError``) rejects
 the argument; ``TierDataError`` is stored data that failed its checks. The
 exception's ``kind`` is the kind's name.
 
@@ -37,6 +38,7 @@ from ._kvtier import (
     TierDataError,
     TierError,
     TierInvalidInputError,
+    TierPermissionError,
     TierStack,
     TierThrottledError,
     TierTimeoutError,
@@ -56,6 +58,7 @@ __all__ = [
     "TierDataError",
     "TierError",
     "TierInvalidInputError",
+    "TierPermissionError",
     "TierStack",
     "TierThrottledError",
     "TierTimeoutError",
