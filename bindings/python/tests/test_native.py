@@ -262,6 +262,7 @@ ERROR_CLASSES = {
     "TierConfigError": ("config", None),
     "TierInvalidInputError": ("invalid_input", ValueError),
     "TierDataError": ("corrupt", None),
+    "TierPermissionError": ("permission_denied", PermissionError),
 }
 
 
@@ -302,3 +303,21 @@ def test_a_failed_store_raises_the_subclass_of_its_kind(tmp_path):
     finally:
         for m in (unreachable, refused, no_bucket, local):
             m.shutdown()
+
+
+def test_a_redis_user_denied_a_command_gets_a_permission_error():
+    (url,) = require_env("KVTIER_REDIS_URL")
+    import redis
+
+    admin = redis.Redis.from_url(url)
+    user = f"kvtier-noperm-{os.getpid()}"
+    # Allowed to connect and to do everything but GET and EXISTS.
+    admin.execute_command("ACL", "SETUSER", user, "on", ">noperm-pass", "~*", "+@all", "-get", "-exists")
+    m = kvtier.RedisLookupManager(url=url, username=user, password="noperm-pass",
+                                  key_prefix=unique_prefix())
+    try:
+        e = expect_tier_error(lambda: m.load(key(1)), "TierPermissionError")
+        assert isinstance(e, PermissionError) and "noperm-pass" not in str(e)
+    finally:
+        m.shutdown()
+        admin.execute_command("ACL", "DELUSER", user)
