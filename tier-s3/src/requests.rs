@@ -22,7 +22,7 @@ use crate::{S3Config, S3TierError};
 
 pub(crate) type Result<T, E = S3TierError> = std::result::Result<T, E>;
 
-/// Request counters of an [`S3Tier`].
+/// Request counters of an [`S3Tier`](crate::S3Tier).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct S3Stats {
     /// Requests in flight now.

@@ -6,12 +6,12 @@
 //! `RedisLookupManager`, `S3LookupManager` and `DiskLookupManager`, whose
 //! lookups never take the GIL; plus `TierStack` and the exceptions.
 //!
-//! One file per concern: [`manager`] (the class and what it owns),
-//! [`lookups`] (the lookup paths), [`backend`] (the lookup manager by tier
-//! type), [`contexts`] and [`memo`] (what the lookups remember), [`native`]
-//! (the native tiers and their stores), [`pytier`] (a tier in Python),
-//! [`stack`], [`errors`], [`convert`], [`fast`] (METH_FASTCALL) and
-//! [`lifecycle`] (the interpreter's exit).
+//! One file per concern: `manager` (the class and what it owns),
+//! `lookups` (the lookup paths), `backend` (the lookup manager by tier
+//! type), `contexts` and `memo` (what the lookups remember), `native`
+//! (the native tiers and their stores), `pytier` (a tier in Python),
+//! `stack`, `errors`, `convert`, `fast` (METH_FASTCALL) and
+//! `lifecycle` (the interpreter's exit).
 
 mod backend;
 mod contexts;
