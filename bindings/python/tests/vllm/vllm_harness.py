@@ -118,7 +118,8 @@ def make_spec(
         replicated_layout=replicated_layout,
     )
     spec = TieringOffloadingSpec(config)
-    assert spec.num_chunks == num_chunks and spec.kv_bytes_per_chunk == block_bytes
+    if tp_size == 1 or replicated_layout:  # else a chunk holds every worker's bytes
+        assert spec.num_chunks == num_chunks and spec.kv_bytes_per_chunk == block_bytes
     return spec
 
 
