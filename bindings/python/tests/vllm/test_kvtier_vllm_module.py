@@ -1,8 +1,11 @@
-"""The ``--kv-transfer-config`` files in examples/vllm name tiers vLLM can load."""
+"""kvtier.vllm as a module: only it imports vLLM, and the
+``--kv-transfer-config`` files in examples/vllm name tiers vLLM can load."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,16 @@ from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E40
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager  # noqa: E402
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[4] / "examples" / "vllm").glob("*.json"))
+
+
+def test_import_kvtier_does_not_import_vllm_but_kvtier_vllm_does():
+    code = (
+        "import sys, kvtier\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'vllm'], 'kvtier imported vllm'\n"
+        "import kvtier.vllm\n"
+        "assert 'vllm.v1.kv_offload.tiering.base' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_there_is_an_example_per_tier():
