@@ -37,6 +37,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -82,6 +83,9 @@ __all__ = [
 NAMESPACE_FORMAT = "kvtier-vllm/1"
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+# The disk tier's segment files (tier-disk: seg-<id, 16 hex digits>.kvs).
+_SEGMENT = re.compile(r"seg-([0-9a-f]{16})\.kvs")
+
 
 
 def namespace_fields(offloading_spec: OffloadingSpec, row_bytes: int) -> dict[str, Any]:
@@ -159,6 +163,7 @@ class _Metric:
     TIME_TO_VERDICT_P99 = "vllm:kv_offload_kvtier_time_to_verdict_p99_seconds"
     CAPACITY_USED_BYTES = "vllm:kv_offload_kvtier_capacity_used_bytes"  # disk
     CAPACITY_BYTES = "vllm:kv_offload_kvtier_capacity_bytes"
+    EVICTED_SEGMENTS = "vllm:kv_offload_kvtier_evicted_segments"
 
 
 _COUNTERS = {
@@ -176,6 +181,9 @@ _COUNTERS = {
 _GAUGES = {
     _Metric.TIME_TO_VERDICT_P50: "Median time from a key's first lookup to its answer, in seconds.",
     _Metric.TIME_TO_VERDICT_P99: "99th percentile of the time from a key's first lookup to its answer, in seconds.",
+}
+_DISK_COUNTERS = {
+    _Metric.EVICTED_SEGMENTS: "Segments the kvtier disk tier evicted (oldest first) to stay within capacity_bytes.",
 }
 _DISK_GAUGES = {
     _Metric.CAPACITY_USED_BYTES: "Bytes of segment files the kvtier disk tier holds (at most capacity_bytes).",
@@ -416,10 +424,16 @@ class DiskTier(_KvtierTier):
 
     medium: ClassVar[Medium] = Medium.STORAGE
     _manager_cls = kvtier.DiskLookupManager
+    #: ``get_stats`` scans the directory's segment files at most this often (seconds).
+    stats_scan_interval_s: float = 1.0
 
     def __init__(self, *args: Any, path: str | os.PathLike[str], **config: Any) -> None:
         self.root = os.fspath(path)
         self.capacity_bytes = int(config.get("capacity_bytes", 1 << 30))
+        self._disk_scanned_at = float("-inf")
+        self._used_bytes: int | None = None
+        self._first_segment: int | None = None
+        self._evicted_segments = 0
         super().__init__(*args, **config)
 
     def _namespaced(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -442,23 +456,47 @@ class DiskTier(_KvtierTier):
         labels = (TIER_LABEL,)
         for name, doc in _DISK_GAUGES.items():
             metrics[name] = OffloadingGaugeMetadata(documentation=doc, labelnames=labels)
+        for name, doc in _DISK_COUNTERS.items():
+            metrics[name] = OffloadingCounterMetadata(documentation=doc, labelnames=labels)
         return metrics
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = super().get_stats() or OffloadingConnectorStats()
         labels = (self.manager.tier_name,)
-        try:
-            used = sum(
-                entry.stat().st_size
-                for entry in os.scandir(self.directory)
-                if entry.name.endswith(".kvs")
-            )
-        except OSError:
-            used = None
-        if used is not None:
-            stats.set_gauge(_Metric.CAPACITY_USED_BYTES, used, labels)
+        now = time.monotonic()
+        if now - self._disk_scanned_at >= self.stats_scan_interval_s:
+            self._disk_scanned_at = now
+            self._scan_segments()
+        if self._used_bytes is not None:
+            stats.set_gauge(_Metric.CAPACITY_USED_BYTES, self._used_bytes, labels)
+        if self._evicted_segments:
+            stats.increase_counter(_Metric.EVICTED_SEGMENTS, self._evicted_segments, labels)
+            self._evicted_segments = 0
         stats.set_gauge(_Metric.CAPACITY_BYTES, self.capacity_bytes, labels)
         return stats
+
+    def _scan_segments(self) -> None:
+        """Bytes of the segment files, and the segments evicted since the
+        last scan: segments are numbered in order and evicted oldest first,
+        so the live ones are a range whose start moves up by one per
+        eviction."""
+        used, first = 0, None
+        try:
+            for entry in os.scandir(self.directory):
+                match = _SEGMENT.fullmatch(entry.name)
+                if match is None:
+                    continue
+                used += entry.stat().st_size
+                seg = int(match.group(1), 16)
+                first = seg if first is None else min(first, seg)
+        except OSError:
+            self._used_bytes = None
+            return
+        self._used_bytes = used
+        if first is not None:
+            if self._first_segment is not None and first > self._first_segment:
+                self._evicted_segments += first - self._first_segment
+            self._first_segment = first
 
 
 class RedisTier(_KvtierTier):

@@ -186,7 +186,11 @@ def test_a_disk_tier_stays_within_capacity_while_storing_four_times_as_much(tmp_
     capacity = 32 * block  # the newest round of 16 blocks fits, with room for the open segment
     config = tier_config("disk", tmp_path, capacity_bytes=capacity, segment_bytes=capacity // 8)
     d = Deployment(config, num_chunks=16, block_bytes=block)
+    d.tier.stats_scan_interval_s = 0.0
+    label = f":{(d.tier.tier_type,)}"
     try:
+        with d.manager.lock:
+            d.manager.get_stats()  # the metrics' first look at the directory
         rounds = 4 * capacity // (16 * block)  # 16 blocks a round, four times the capacity
         first, last = None, None
         for r in range(rounds):
@@ -195,6 +199,11 @@ def test_a_disk_tier_stays_within_capacity_while_storing_four_times_as_much(tmp_
             assert _segment_bytes(d.tier.directory) <= capacity
             first = first or keys
             last = (keys, stored)
+        with d.manager.lock:
+            values = d.manager.get_stats().reduce()
+        assert values["vllm:kv_offload_kvtier_evicted_segments" + label] > 0
+        assert 0 < values["vllm:kv_offload_kvtier_capacity_used_bytes" + label] <= capacity
+        assert values["vllm:kv_offload_kvtier_capacity_bytes" + label] == capacity
         d.reset()
         ctx = d.request()
         # The oldest blocks were evicted: misses, never a hit that then fails.
