@@ -222,15 +222,19 @@ def main() -> None:
     parser.add_argument("--block-bytes", type=int, default=2 << 20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fsync", default="never", choices=["never", "always"])
+    parser.add_argument("--tiers", default="kvtier_disk,vllm_fs", help="comma-separated: kvtier_disk, vllm_fs")
     args = parser.parse_args()
     import vllm.v1.kv_offload.tiering.fs.io as fs_io
 
     base = tempfile.mkdtemp(prefix="kvtier-bench-vllm-", dir=args.dir or "/var/tmp")
-    results: dict[str, list[dict[str, Any]]] = {"kvtier_disk": [], "vllm_fs": []}
+    tiers = [t for t in args.tiers.split(",") if t]
+    if not tiers or not set(tiers) <= {"kvtier_disk", "vllm_fs"}:
+        parser.error("--tiers: kvtier_disk and/or vllm_fs")
+    results: dict[str, list[dict[str, Any]]] = {t: [] for t in tiers}
     try:
         for run in range(args.rounds):
             # Interleaved, so a change of load on the machine weighs on both.
-            for name in ("kvtier_disk", "vllm_fs"):
+            for name in tiers:
                 root = os.path.join(base, f"{name}-{run}")
                 if name == "kvtier_disk":
                     tier = {
@@ -252,9 +256,10 @@ def main() -> None:
                 shutil.rmtree(root, ignore_errors=True)
         summary: dict[str, Any] = {"workload": "vllm_tier_summary", "rounds": args.rounds}
         for field in ("store_gb_per_s", "load_gb_per_s", "lookup_ns", "answered_after_busy"):
-            k = statistics.median(r[field] for r in results["kvtier_disk"])
-            f = statistics.median(r[field] for r in results["vllm_fs"])
-            summary[field] = {"kvtier_disk": k, "vllm_fs": f, "ratio": (k / f) if f else None}
+            medians = {t: statistics.median(r[field] for r in results[t]) for t in tiers}
+            if len(tiers) == 2 and medians["vllm_fs"]:
+                medians["ratio"] = medians["kvtier_disk"] / medians["vllm_fs"]
+            summary[field] = medians
         print(json.dumps(summary), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
