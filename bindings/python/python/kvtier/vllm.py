@@ -227,8 +227,8 @@ class _KvtierTier(SecondaryTierManager):
         self.manager = self._open(self._namespaced(dict(config)))
         # kvtier job id -> the vLLM job it carries.
         self._jobs: dict[int, _Pending] = {}
-        # Results of jobs that failed at submission, reported at the next poll.
-        self._failed_at_submit: list[JobResult] = []
+        # Results of jobs that ended at submission (empty, or refused), reported at the next poll.
+        self._ended_at_submit: list[JobResult] = []
         self._stats_lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._last_manager_stats: dict[str, Any] = {}
@@ -270,7 +270,7 @@ class _KvtierTier(SecondaryTierManager):
     def _submit(self, job: TransferJob, submit: Any) -> None:
         keys = [bytes(k) for k in job.keys]
         if not keys:
-            self._failed_at_submit.append(
+            self._ended_at_submit.append(
                 JobResult(job_id=job.job_id, success=True, transfer_time=0.0, transfer_bytes=0)
             )
             return
@@ -282,14 +282,14 @@ class _KvtierTier(SecondaryTierManager):
             # does not promote them again from a stale hit.
             if job.is_promotion:
                 self.manager.mark_miss(keys)
-            self._failed_at_submit.append(JobResult(job_id=job.job_id, success=False))
+            self._ended_at_submit.append(JobResult(job_id=job.job_id, success=False))
             self._count_failed(job.is_promotion, len(keys))
             return
         self._jobs[kvtier_id] = _Pending(job=job, keys=keys)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        results = self._failed_at_submit
-        self._failed_at_submit = []
+        results = self._ended_at_submit
+        self._ended_at_submit = []
         if self._jobs:
             for report in self.manager.poll_jobs():
                 pending = self._jobs.pop(report.job_id, None)
@@ -335,7 +335,7 @@ class _KvtierTier(SecondaryTierManager):
         )
 
     def has_pending_work(self) -> bool:
-        return bool(self._jobs) or bool(self._failed_at_submit)
+        return bool(self._jobs) or bool(self._ended_at_submit)
 
     def drain_jobs(self) -> None:
         """Waits until no job of this tier touches the primary tier's rows.
