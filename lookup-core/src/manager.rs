@@ -36,7 +36,7 @@ use crate::worker::{self, Finished, WakeHook, WorkerHandle};
 /// 2. `flush` once, at the end of scheduling: hands the new keys to the
 ///    worker, one tier call per request;
 /// 3. `cleanup(req_id)` when a request finishes; `mark_miss` when a load of a
-///    block reported present fails.
+///    block reported present fails; `mark_present` when a store finishes.
 ///
 /// See [`Ledger`] for the state machine and its guarantees.
 ///
@@ -46,8 +46,8 @@ use crate::worker::{self, Finished, WakeHook, WorkerHandle};
 /// [`shutdown_async`](Self::shutdown_async) (awaiting, for one on a
 /// runtime) are idempotent and return within `shutdown_timeout_ms` even if a
 /// tier call hangs. After shutdown, `lookup` and `lookup_prefix` return
-/// [`LookupError::ShutDown`], `flush` does nothing, `cleanup` and
-/// `mark_miss` still update state, and `stats` still answers.
+/// [`LookupError::ShutDown`], `flush` does nothing, `cleanup`,
+/// `mark_miss` and `mark_present` still update state, and `stats` still answers.
 ///
 /// Dropping the manager never blocks, inside a runtime or not: it tells the
 /// worker to abort its running calls and returns without waiting (a call
@@ -221,6 +221,12 @@ impl<T: Tier> AsyncLookupManager<T> {
     /// The tier, for stores and loads that bypass the lookup path.
     pub fn tier(&self) -> &Arc<T> {
         &self.tier
+    }
+
+    /// The configured `shutdown_timeout_ms`, which bounds
+    /// [`shutdown`](Self::shutdown).
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout
     }
 
     /// The spawner the worker runs on; `None` after shutdown.
@@ -402,6 +408,15 @@ impl<T: Tier> AsyncLookupManager<T> {
     /// without state are skipped.
     pub fn mark_miss<'a>(&mut self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
         self.ledger.mark_miss(keys);
+    }
+
+    /// Records that `keys` were stored in the tier (a store job finished):
+    /// each answers [`Hit`](LookupVerdict::Hit) at once, superseding any
+    /// probe in flight, whose late answer is dropped (vLLM 0.34's
+    /// `mark_present`). Keys without state are skipped. See
+    /// [`Ledger::mark_present`].
+    pub fn mark_present<'a>(&mut self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
+        self.ledger.mark_present(keys);
     }
 
     /// Releases request `req_id`'s references. Keys nobody references are

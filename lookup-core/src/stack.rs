@@ -40,6 +40,8 @@ pub trait DynLookupManager: Send {
     fn drain_results(&mut self);
     /// [`AsyncLookupManager::mark_miss`].
     fn mark_miss(&mut self, keys: &[OffloadKey]);
+    /// [`AsyncLookupManager::mark_present`].
+    fn mark_present(&mut self, keys: &[OffloadKey]);
     /// [`AsyncLookupManager::cleanup`].
     fn cleanup(&mut self, req_id: &str);
     /// [`AsyncLookupManager::stats`].
@@ -79,6 +81,9 @@ impl<T: Tier> DynLookupManager for AsyncLookupManager<T> {
     }
     fn mark_miss(&mut self, keys: &[OffloadKey]) {
         AsyncLookupManager::mark_miss(self, keys);
+    }
+    fn mark_present(&mut self, keys: &[OffloadKey]) {
+        AsyncLookupManager::mark_present(self, keys);
     }
     fn cleanup(&mut self, req_id: &str) {
         AsyncLookupManager::cleanup(self, req_id);
@@ -383,6 +388,14 @@ impl TierStack {
     pub fn mark_miss(&mut self, index: usize, keys: &[OffloadKey]) {
         if let Some(tier) = self.tiers.get_mut(index) {
             tier.mark_miss(keys);
+        }
+    }
+
+    /// Marks `keys` present in tier `index` after a store to it finished.
+    /// An index past the end is ignored.
+    pub fn mark_present(&mut self, index: usize, keys: &[OffloadKey]) {
+        if let Some(tier) = self.tiers.get_mut(index) {
+            tier.mark_present(keys);
         }
     }
 

@@ -2,11 +2,13 @@
 //!
 //! Random interleavings of lookup, lookup_prefix, flush, call starts, answer
 //! delivery in any order (correct, failed, short, late after the deadline),
-//! deadline expiry, cleanup, mark_miss and changes of the tier's truth drive
+//! deadline expiry, cleanup, mark_miss, mark_present and changes of the tier's truth drive
 //! the real [`Ledger`] and a deliberately naive model side by side. After
 //! every step:
 //! - every verdict equals the model's: the tier's truth when the probe was
-//!   answered, a miss after mark_miss, a miss during a failure's back-off;
+//!   answered, a miss after mark_miss, a hit after mark_present (whatever
+//!   a probe started before it answers later), a miss during a failure's
+//!   back-off;
 //! - no key is sent twice for one probe (enqueue once);
 //! - the number of tracked keys agrees.
 //!
@@ -51,6 +53,7 @@ enum Op {
     Advance { ms: u64 },
     Cleanup { req: u8 },
     MarkMiss { key: u8 },
+    MarkPresent { key: u8 },
     SetTruth { key: u8, present: bool },
 }
 
@@ -73,6 +76,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..=2 * TIMEOUT_MS).prop_map(|ms| Op::Advance { ms }),
         2 => (0..REQS).prop_map(|req| Op::Cleanup { req }),
         1 => (0..KEYS).prop_map(|key| Op::MarkMiss { key }),
+        1 => (0..KEYS).prop_map(|key| Op::MarkPresent { key }),
         2 => (0..KEYS, any::<bool>()).prop_map(|(key, present)| Op::SetTruth { key, present }),
     ]
 }
@@ -453,6 +457,27 @@ impl Harness {
                         entry.phase = MPhase::Forced;
                     }
                 }
+            }
+            Op::MarkPresent { key } => {
+                self.ledger.mark_present([&self.keys[usize::from(key)]]);
+                // A finished store supersedes every probe started before
+                // it: hit at once, and no answer of those probes lands.
+                let present = self.model.keys.get(&key).map(|e| e.phase) == Some(MPhase::Present);
+                if let Some(entry) = self.model.keys.get_mut(&key)
+                    && !present
+                {
+                    if entry.refs.is_empty() {
+                        self.model.keys.remove(&key);
+                    } else {
+                        entry.phase = MPhase::Present;
+                        entry.call = None;
+                        entry.flushed_at = None;
+                        entry.revalidating = false;
+                    }
+                }
+                // The store put the block in the tier.
+                self.truth[usize::from(key)] = true;
+                self.ever_present[usize::from(key)] = true;
             }
             Op::SetTruth { key, present } => {
                 self.truth[usize::from(key)] = present;

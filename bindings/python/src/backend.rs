@@ -72,6 +72,9 @@ impl DynLookupManager for Backend {
     fn mark_miss(&mut self, keys: &[OffloadKey]) {
         each_backend!(self, m => m.mark_miss(keys));
     }
+    fn mark_present(&mut self, keys: &[OffloadKey]) {
+        each_backend!(self, m => m.mark_present(keys));
+    }
     fn cleanup(&mut self, req_id: &str) {
         each_backend!(self, m => m.cleanup(req_id));
     }

@@ -10,19 +10,23 @@
 //! `lookups` (the lookup paths), `backend` (the lookup manager by tier
 //! type), `contexts` and `memo` (what the lookups remember), `native`
 //! (the native tiers and their stores), `pytier` (a tier in Python),
-//! `stack`, `errors`, `convert`, `fast` (METH_FASTCALL) and
-//! `lifecycle` (the interpreter's exit).
+//! `stack`, `errors`, `convert`, `fast` (METH_FASTCALL),
+//! `lifecycle` (the interpreter's exit), and the data path: `jobs`
+//! (`submit_store`, `submit_load`, `poll_jobs`, `drain_jobs`) over
+//! `pybuffer` (the caller's buffer, held by a job).
 
 mod backend;
 mod contexts;
 mod convert;
 mod errors;
 mod fast;
+mod jobs;
 mod lifecycle;
 mod lookups;
 mod manager;
 mod memo;
 mod native;
+mod pybuffer;
 mod pytier;
 mod stack;
 
@@ -34,6 +38,7 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::PyManager>()?;
     fast::install(py, &py.get_type::<manager::PyManager>())?;
     m.add_class::<stack::PyTierStack>()?;
+    m.add_class::<jobs::JobResult>()?;
     errors::register(m)?;
     lifecycle::install(m)?;
     Ok(())

@@ -92,6 +92,11 @@ fn at_exit(py: Python<'_>) {
     });
 }
 
+/// Whether the interpreter has begun to exit (the `atexit` hook ran).
+pub(crate) fn is_exiting() -> bool {
+    EXITING.load(Ordering::SeqCst)
+}
+
 /// Whether the interpreter has begun to exit, seen from a thread that is
 /// not the one exiting.
 fn exiting_elsewhere() -> bool {

@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     /// A native tier's stores, loads and removes.
     blocks: ManuallyDrop<BlocksSlot>,
     shut_down: AtomicBool,
+    /// A native tier's transfer jobs (`submit_store`, ...; see `jobs.rs`).
+    pub(crate) jobs: ManuallyDrop<crate::jobs::Jobs>,
     /// The process that made it.
     pub(crate) owner: Owner,
 }
@@ -67,6 +69,7 @@ impl Drop for Inner {
             ManuallyDrop::drop(&mut self.core);
             ManuallyDrop::drop(&mut self.py_calls);
             ManuallyDrop::drop(&mut self.blocks);
+            ManuallyDrop::drop(&mut self.jobs);
         }
     }
 }
@@ -88,6 +91,7 @@ impl Inner {
             py_calls: ManuallyDrop::new(py_calls),
             blocks: ManuallyDrop::new(BlocksSlot::new(blocks)),
             shut_down: AtomicBool::new(false),
+            jobs: ManuallyDrop::new(crate::jobs::Jobs::default()),
             owner: Owner::here(),
         }
     }
@@ -123,6 +127,16 @@ impl Inner {
         }
     }
 
+    /// What a transfer queue runs on: the native tier's store and runtime.
+    pub(crate) fn queue_source(&self) -> PyResult<crate::jobs::QueueSource> {
+        if self.py_calls.is_some() {
+            return Err(PyTypeError::new_err(
+                "submit_store, submit_load, poll_jobs and drain_jobs need a native manager (Redis, S3 or disk)",
+            ));
+        }
+        Ok(self.blocks()?.queue_source())
+    }
+
     /// Raises, unchanged, a `KeyboardInterrupt` or `SystemExit` (any
     /// `BaseException` that is not an `Exception`) that a Python tier's
     /// `batch_lookup` raised on the worker since the last call.
@@ -152,9 +166,13 @@ pub(crate) fn shutdown(py: Python<'_>, inner: &Inner) -> ShutdownReport {
         calls.close();
     }
     let blocks = inner.blocks.take();
+    let jobs_timeout = blocks.as_ref().map(|b| b.shutdown_timeout());
     // Without the GIL: a Python batch_lookup still running may need it to
     // finish within the grace period.
     let report = crate::lifecycle::allow_threads(py, || {
+        // Transfer jobs first: queued ones cancelled, running ones stopped
+        // at their next chunk, within the shutdown timeout.
+        inner.jobs.shutdown(jobs_timeout.unwrap_or_default());
         let mut core = inner.lock();
         let report = core.backend.shutdown();
         core.backend.close_tier();
@@ -217,7 +235,7 @@ fn blocks<S: BlockStore>(
     spawner: &kvtier_core::Spawner,
 ) -> Blocks {
     let store: Arc<dyn DynBlockStore> = Arc::clone(manager.tier()) as Arc<dyn DynBlockStore>;
-    Blocks::new(kind, store, spawner.clone())
+    Blocks::new(kind, store, spawner.clone()).with_shutdown_timeout(manager.shutdown_timeout())
 }
 
 #[pymethods]
@@ -385,6 +403,15 @@ impl PyManager {
         Ok(())
     }
 
+    /// Records that `keys` were stored: each answers `True` at once, and a
+    /// probe in flight cannot turn it back (vLLM 0.34's `mark_present`).
+    fn mark_present(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let inner = self.inner()?;
+        let keys = convert::keys(keys)?;
+        inner.with_core(py, |core| core.backend.mark_present(&keys));
+        Ok(())
+    }
+
     /// Releases request `req_id`; an unknown id is a no-op.
     fn cleanup(&self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let inner = self.inner()?;
@@ -462,6 +489,42 @@ impl PyManager {
         let inner = self.inner()?;
         let key = native_key(key)?;
         inner.blocks()?.remove(py, &key)
+    }
+
+    /// Queues a store of `view[rows[i]]` under `keys[i]`; returns its job id
+    /// at once. See `jobs.rs`.
+    fn submit_store(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        view: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        self.inner()?
+            .submit_job(py, kvtier_core::JobKind::Store, keys, view, rows)
+    }
+
+    /// Queues a load of `keys[i]` into `view[rows[i]]`; returns its job id.
+    fn submit_load(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        view: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        self.inner()?
+            .submit_job(py, kvtier_core::JobKind::Load, keys, view, rows)
+    }
+
+    /// The jobs that ended since the last call, as `JobResult`s.
+    fn poll_jobs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.inner()?.poll_jobs(py)
+    }
+
+    /// Cancels queued jobs and waits until none runs (or `timeout` s).
+    #[pyo3(signature = (timeout = None))]
+    fn drain_jobs(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        self.inner()?.drain_jobs(py, timeout)
     }
 
     fn __repr__(&self) -> String {

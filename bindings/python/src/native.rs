@@ -9,8 +9,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use kvtier_core::{
-    BlockStore, DynBlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier, TierError,
-    TierErrorKind,
+    BlockOutcome, BlockStore, DynBlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier,
+    TierError, TierErrorKind,
 };
 use kvtier_disk::{DiskConfig, DiskTier};
 use kvtier_redis::{RedisConfig, RedisTier};
@@ -84,6 +84,21 @@ impl<T: BlockStore> BlockStore for Closable<T> {
     async fn remove_many(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
         self.get()?.remove_many(keys).await
     }
+    async fn store_batch(&self, blocks: &[(&OffloadKey, &[u8])]) -> Vec<BlockOutcome> {
+        match self.get() {
+            Ok(tier) => tier.store_batch(blocks).await,
+            Err(err) => BlockOutcome::all_failed(blocks.len(), err),
+        }
+    }
+    async fn load_batch(&self, regions: &mut [(&OffloadKey, &mut [u8])]) -> Vec<BlockOutcome> {
+        match self.get() {
+            Ok(tier) => tier.load_batch(regions).await,
+            Err(err) => BlockOutcome::all_failed(regions.len(), err),
+        }
+    }
+    fn io_blocks_thread(&self) -> bool {
+        self.get().is_ok_and(|tier| tier.io_blocks_thread())
+    }
     fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
         match self.get() {
             Ok(tier) => tier.manager_config(config),
@@ -133,6 +148,9 @@ pub(crate) struct Blocks {
     store: Arc<dyn DynBlockStore>,
     /// Keeps the runtime alive while a call runs on it.
     spawner: Spawner,
+    /// The manager's `shutdown_timeout_ms`, which bounds its transfer jobs'
+    /// shutdown too.
+    shutdown_timeout: Duration,
 }
 
 impl Blocks {
@@ -141,6 +159,26 @@ impl Blocks {
             kind,
             store,
             spawner,
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// These blocks, whose transfer jobs shut down within `timeout`.
+    pub(crate) fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// The bound of the transfer jobs' shutdown.
+    pub(crate) fn shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout
+    }
+
+    /// The store and runtime a transfer queue runs on.
+    pub(crate) fn queue_source(&self) -> crate::jobs::QueueSource {
+        crate::jobs::QueueSource {
+            store: Arc::clone(&self.store),
+            spawner: self.spawner.clone(),
         }
     }
 

@@ -43,6 +43,9 @@ impl DynLookupManager for Member {
     fn mark_miss(&mut self, keys: &[OffloadKey]) {
         self.0.lock().backend.mark_miss(keys);
     }
+    fn mark_present(&mut self, keys: &[OffloadKey]) {
+        self.0.lock().backend.mark_present(keys);
+    }
     fn cleanup(&mut self, req_id: &str) {
         self.0.lock().backend.cleanup(req_id);
     }
@@ -162,6 +165,13 @@ impl PyTierStack {
         self.owner.check("TierStack")?;
         let keys = convert::keys(keys)?;
         self.with_stack(py, |s| s.mark_miss(index, &keys))
+    }
+
+    /// Marks `keys` present in tier `index` after a store to it finished.
+    fn mark_present(&self, py: Python<'_>, index: usize, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.owner.check("TierStack")?;
+        let keys = convert::keys(keys)?;
+        self.with_stack(py, |s| s.mark_present(index, &keys))
     }
 
     /// Releases `req_id` in every tier.

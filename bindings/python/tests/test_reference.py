@@ -95,6 +95,60 @@ def test_mark_miss_wins_over_a_late_true(ctx):
         m.shutdown()
 
 
+def test_mark_present_supersedes_a_probe_in_flight(ctx):
+    """vLLM 0.34's mark_present: a finished store answers True at once, and
+    the probe started before it (answering absent) cannot undo it."""
+    m = Gated(existing_keys=[])
+    try:
+        assert m.lookup(key(1), ctx) is None
+        m.flush()
+        assert m.entered.wait(GUARD)
+        m.mark_present([key(1)])
+        assert m.lookup(key(1), ctx) is True
+        m.release.set()
+        wait_for(lambda: (m.drain_results(), m.stats()["stale_results_dropped"] == 1)[1],
+                 "the late answer to be dropped")
+        assert m.lookup(key(1), ctx) is True
+        assert m.stats()["misses"] == 0
+    finally:
+        m.release.set()
+        m.shutdown()
+
+
+def test_mark_present_before_the_flush_sends_no_probe(manager, ctx):
+    assert manager.lookup(key(7), ctx) is None
+    manager.mark_present([key(7), key(8)])  # key(8): untracked, skipped
+    assert manager.lookup(key(7), ctx) is True
+    manager.flush()
+    manager.drain_results()
+    assert manager.calls == []
+    assert manager.stats()["tracked_keys"] == 1
+    # After a forced miss, a store makes it a hit again.
+    manager.mark_miss([key(7)])
+    assert manager.lookup(key(7), ctx) is False
+    manager.mark_present([key(7)])
+    assert manager.lookup(key(7), ctx) is True
+
+
+def test_mark_present_forgets_a_key_only_kept_for_its_probe():
+    m = Gated(existing_keys=[])
+    try:
+        m.lookup(key(1), ReqContext("a"))
+        m.flush()
+        assert m.entered.wait(GUARD)
+        m.cleanup("a")
+        assert m.stats()["tracked_keys"] == 1
+        m.mark_present([key(1)])
+        assert m.stats()["tracked_keys"] == 0
+        m.release.set()
+        wait_for(lambda: (m.drain_results(), m.stats()["stale_results_dropped"] == 1)[1],
+                 "the late answer to be dropped")
+        assert m.stats()["tracked_keys"] == 0
+    finally:
+        m.release.set()
+        m.shutdown()
+
+
 def test_cleanup_of_an_unknown_request_is_a_no_op(manager, ctx):
     assert resolve(manager, key(1), ctx) is True
     manager.cleanup("never-seen")
@@ -116,8 +170,9 @@ def test_shutdown_stops_the_worker(ctx):
         m.lookup(key(1), ctx)
     with pytest.raises(kvtier.ShutDownError):
         m.lookup_many([key(1)], ctx)
-    # Documented: cleanup, mark_miss and stats still work.
+    # Documented: cleanup, mark_miss, mark_present and stats still work.
     m.mark_miss([key(1)])
+    m.mark_present([key(1)])
     m.cleanup("req-0")
     assert m.stats()["tracked_requests"] == 0
 

@@ -82,6 +82,7 @@
 //!                         └──────────▶ Queued ───────┘                       │ deadline
 //!                                                                            └─▶ Failed ──(back-off, lookup)──▶ Probing
 //!   mark_miss, from any phase ──▶ ForcedMiss (a later answer is dropped)
+//!   mark_present, from any phase ──▶ Present (a new generation: a later answer is dropped)
 //! ```
 //!
 //! A key in `Probing` waits for the flush if its generation is the ledger's
@@ -111,6 +112,10 @@
 //!   one waiting for a free call slot, one in the call.
 //! - **`mark_miss` wins.** After a failed load the scheduler forces a miss;
 //!   no later answer can turn it back into a hit (the livelock of vLLM #49176).
+//! - **`mark_present` supersedes probes.** A finished store is newer than
+//!   any probe in flight: the key answers hit at once under a fresh
+//!   generation, so a late probe answer cannot turn it back into a miss
+//!   (vLLM 0.34's `mark_present`).
 //! - **Time to verdict** runs from the flush that submitted a key to the
 //!   moment its first answer (or failure) is applied, which is when any
 //!   lookup of it can return the verdict: the manager applies answers at
@@ -502,6 +507,49 @@ impl Ledger {
                 }
                 state.set_phase(Phase::ForcedMiss);
             }
+        }
+    }
+
+    /// Records that `keys` were stored in the tier: each answers
+    /// [`Hit`](LookupVerdict::Hit) at once, and no probe started before
+    /// (waiting for the flush or a call slot, or running) can turn it back
+    /// into a miss, as in vLLM 0.34's `mark_present`.
+    ///
+    /// A finished store is newer than any probe in flight, so it supersedes
+    /// them: the key gets a fresh generation, and a stale probe's answer
+    /// then fails the generation check and is dropped (counted in
+    /// `stale_results_dropped`). Keys the ledger does not track are skipped
+    /// (a verdict no request holds could never be released), as are keys
+    /// already present; a key nobody refers to any more (kept only for its
+    /// running probe) is forgotten. Unlike [`mark_miss`](Self::mark_miss),
+    /// this also replaces a forced miss: the block is there now.
+    pub fn mark_present<'a>(&mut self, keys: impl IntoIterator<Item = &'a OffloadKey>) {
+        for key in keys {
+            let Some(slot) = self.keys.find(key) else {
+                continue;
+            };
+            let generation = self.next_generation;
+            let Some((state, cold)) = self.keys.get_both(slot) else {
+                continue;
+            };
+            let status = state.status();
+            if status.is(Phase::Present) {
+                continue;
+            }
+            debug_assert_eq!(status.orphan(), cold.refs == 0);
+            if status.orphan() {
+                // Kept only for a running probe's answer: forget it (the
+                // late answer is then dropped).
+                self.keys.remove(slot);
+                continue;
+            }
+            if status.is(Phase::Probing) && self.batch.holds(state.generation()) {
+                // Its probe in the flush batch is stale now.
+                self.batch.dirty = true;
+            }
+            self.next_generation = table::next_generation(generation);
+            state.set_generation(generation);
+            state.set_answer(true);
         }
     }
 

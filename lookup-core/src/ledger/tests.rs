@@ -377,3 +377,77 @@ fn requests_after_a_wrap_still_share_and_release() {
     l.cleanup("r4");
     assert!(l.is_empty());
 }
+
+/// vLLM 0.34's `mark_present`: a finished store answers hit at once, in
+/// every phase of a probe started before it, and that probe's answer
+/// (here: absent, as the tier said before the store) is dropped.
+#[test]
+fn mark_present_supersedes_probes_in_flight_queued_and_in_the_batch() {
+    let cfg = ManagerConfig {
+        max_calls_in_flight: 1,
+        ..ManagerConfig::named("test")
+    };
+    let now = Instant::now();
+    let mut l = Ledger::new(&cfg, now);
+    let mut lazy = LazyNow::at(now);
+    let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+    let (running, queued, batched) = (
+        OffloadKey::new(b"running"),
+        OffloadKey::new(b"queued"),
+        OffloadKey::new(b"batched"),
+    );
+    l.lookup(&running, &a, &mut lazy).unwrap();
+    l.lookup(&queued, &b, &mut lazy).unwrap();
+    l.flush(now);
+    let call = l.next_call(now).expect("a's call");
+    assert!(l.next_call(now).is_none(), "b's call waits for the slot");
+    l.lookup(&batched, &a, &mut lazy).unwrap();
+
+    l.mark_present([&running, &queued, &batched]);
+    for (key, ctx) in [(&running, &a), (&queued, &b), (&batched, &a)] {
+        assert_eq!(l.lookup(key, ctx, &mut lazy), Ok(LookupVerdict::Hit));
+    }
+    // The stale probes: the running one answers absent, the queued and
+    // batched ones are never sent.
+    let found = vec![false; call.keys.len()];
+    l.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
+    l.flush(now);
+    assert!(l.next_call(now).is_none(), "superseded probes are not sent");
+    for (key, ctx) in [(&running, &a), (&queued, &b), (&batched, &a)] {
+        assert_eq!(l.lookup(key, ctx, &mut lazy), Ok(LookupVerdict::Hit));
+    }
+    assert_eq!(l.stats().stale_results_dropped, 1);
+    // A forced miss is replaced too; a key nobody tracks is skipped.
+    l.mark_miss([&running]);
+    assert_eq!(l.lookup(&running, &a, &mut lazy), Ok(LookupVerdict::Miss));
+    l.mark_present([&running, &OffloadKey::new(b"untracked")]);
+    assert_eq!(l.lookup(&running, &a, &mut lazy), Ok(LookupVerdict::Hit));
+    assert_eq!(l.stats().tracked_keys, 3);
+    l.cleanup("a");
+    l.cleanup("b");
+    assert!(l.is_empty());
+}
+
+/// A key kept only for its running probe (its requests finished) is
+/// forgotten by `mark_present`, as vLLM drops such an orphan.
+#[test]
+fn mark_present_forgets_an_orphan_in_flight() {
+    let now = Instant::now();
+    let mut l = ledger();
+    let key = OffloadKey::new(b"orphan");
+    l.lookup(&key, &ReqContext::new("a"), &mut LazyNow::at(now))
+        .unwrap();
+    l.flush(now);
+    let call = l.next_call(now).expect("a call");
+    l.cleanup("a");
+    assert_eq!(l.stats().tracked_keys, 1, "kept for its answer");
+    l.mark_present([&key]);
+    assert!(l.stats().tracked_keys == 0);
+    l.complete(
+        call.id,
+        CallOutcome::Answered(vec![true]),
+        Duration::ZERO,
+        now,
+    );
+    assert!(l.is_empty());
+}
