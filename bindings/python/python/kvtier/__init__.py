@@ -31,6 +31,7 @@ from typing import Any
 
 from ._kvtier import (
     ForkError,
+    JobResult,
     KvtierError,
     ShutDownError,
     TierConfigError,
@@ -49,6 +50,7 @@ __all__ = [
     "AsyncLookupManager",
     "DiskLookupManager",
     "ForkError",
+    "JobResult",
     "KvtierError",
     "RedisLookupManager",
     "S3LookupManager",

@@ -68,10 +68,48 @@ class AsyncLookupManager(_Manager):
     def __init__(self, tier_type: str, **config: Any) -> None: ...
     def batch_lookup(self, keys: list[bytes], req_context: Any) -> Iterable[bool]: ...
 
+class JobResult:
+    """How a job of `submit_store` / `submit_load` ended (from `poll_jobs`)."""
+    job_id: int
+    kind: str
+    """`"store"` or `"load"`."""
+    ok: bool
+    """Whether every key was stored or loaded."""
+    successful_keys: list[bytes]
+    """The keys stored or loaded, in submission order."""
+    bytes: int
+    """Bytes of the successful keys."""
+    seconds: float
+    """From the job's first copy to its last."""
+    error: str | None
+    """Why the first failed key failed; for a load whose only trouble was
+    absent keys, how many were absent; `None` when `ok`."""
+
 class _NativeManager(_Manager):
     def store(self, key: bytes, data: bytes) -> None: ...
     def load(self, key: bytes) -> bytes | None: ...
     def remove(self, key: bytes) -> None: ...
+    def submit_store(self, keys: Sequence[bytes], view: Any, rows: Sequence[int] | Any) -> int:
+        """Stores row `rows[i]` of `view` under `keys[i]`, in the background;
+        returns the job id at once. `view`: any C-contiguous buffer whose first
+        dimension indexes blocks (a 2-D memoryview, a numpy array); `rows`:
+        ints or a numpy integer array, one per key. The buffer is held until
+        the job ends; do not write its rows meanwhile. Raises
+        `TierInvalidInputError` (a `ValueError`) for a row out of range, a
+        wrong number of rows or a non-contiguous view."""
+    def submit_load(self, keys: Sequence[bytes], view: Any, rows: Sequence[int] | Any) -> int:
+        """Loads each key's block into row `rows[i]` of `view` (writable; a
+        read-only view raises `TierInvalidInputError`); the stored block must
+        be exactly one row long, else that key fails. Do not read or write
+        its rows until the job's result is polled."""
+    def poll_jobs(self) -> list[JobResult]:
+        """The jobs that ended since the last call. A store's successful keys
+        are marked present, and a load's absent or failed keys missing,
+        before it returns."""
+    def drain_jobs(self, timeout: float | None = None) -> bool:
+        """Cancels queued jobs (they report failure) and waits until no job
+        runs or `timeout` seconds pass; whether none runs. A running copy is
+        never cut; once it returns `True` nothing touches the buffers."""
 
 class RedisLookupManager(_NativeManager):
     def __init__(self, **config: Any) -> None: ...
