@@ -10,13 +10,18 @@ Workloads:
                 buffer and loaded back into them: kvtier.DiskLookupManager's
                 submit_store / submit_load (one job each, waited for with
                 drain_jobs) vs a Python loop of os.pwrite / os.preadv into
-                one file per block in the same directory (open, pwrite or
-                preadv, close). Neither fsyncs (the disk tier at
+                one new file per block in the same directory (open, pwrite
+                or preadv, close), new files each round as the tier gets new
+                keys each round. Neither fsyncs (the disk tier at
                 fsync="never"); both read back what the page cache holds.
                 GB/s are medians over the rounds, ratio = kvtier / baseline.
+                The tier gets capacity_bytes=8 GiB: no eviction in the run.
   py_data_gil   the calling thread's pure-Python speed (a counting loop)
                 while a 256 MiB store job runs, against the same loop with no
                 job: the copies do not hold the GIL. Median of the trials.
+                Control: the same loop while another thread hashes the same
+                256 MiB in C without the GIL (hashlib.sha256): the share of
+                the speed that sharing the CPUs alone takes.
 
 The reference (vLLM's async_lookup.py) has no data path: nothing to compare.
 """
@@ -69,20 +74,29 @@ def kvtier_round(m, view, n: int, first_key: int) -> tuple[float, float]:
     return t1 - t0, t2 - t1
 
 
-def baseline_round(directory: str, view, n: int) -> tuple[float, float]:
-    paths = [os.path.join(directory, f"block-{i:05d}") for i in range(n)]
+def baseline_round(directory: str, view, n: int, rnd: int) -> tuple[float, float]:
+    # The same rows, as 1-D slices of the same memory (a 2-D memoryview
+    # cannot be indexed by row).
+    flat = view.cast("B")
+    size = len(flat) // n
+    rows = [flat[i * size:(i + 1) * size] for i in range(n)]
+    # New files each round, as the tier stores new keys each round: files
+    # truncated and rewritten would let the kernel drop the previous
+    # round's dirty pages unwritten, which the tier, keeping its blocks,
+    # cannot do (measured: 0.44 GB/s rewriting, 0.08 writing new files).
+    paths = [os.path.join(directory, f"block-{rnd}-{i:05d}") for i in range(n)]
     t0 = time.perf_counter()
     for i, path in enumerate(paths):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.pwrite(fd, view[i], 0)
+            os.pwrite(fd, rows[i], 0)
         finally:
             os.close(fd)
     t1 = time.perf_counter()
     for i, path in enumerate(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
-            os.preadv(fd, [view[i]], 0)
+            os.preadv(fd, [rows[i]], 0)
         finally:
             os.close(fd)
     t2 = time.perf_counter()
@@ -97,7 +111,7 @@ def bench_disk(root: str, rounds: int, blocks: int, block_bytes: int) -> None:
     tier_dir = os.path.join(root, "tier")
     raw_dir = os.path.join(root, "raw")
     os.makedirs(raw_dir)
-    m = kvtier.DiskLookupManager(path=tier_dir, fsync="never")
+    m = kvtier.DiskLookupManager(path=tier_dir, fsync="never", capacity_bytes=8 << 30)
     ours: list[tuple[float, float]] = []
     base: list[tuple[float, float]] = []
     try:
@@ -105,9 +119,9 @@ def bench_disk(root: str, rounds: int, blocks: int, block_bytes: int) -> None:
             # Alternate which goes first: neither always meets a warmer cache.
             if r % 2 == 0:
                 ours.append(kvtier_round(m, view, blocks, r * blocks))
-                base.append(baseline_round(raw_dir, view, blocks))
+                base.append(baseline_round(raw_dir, view, blocks, r))
             else:
-                base.append(baseline_round(raw_dir, view, blocks))
+                base.append(baseline_round(raw_dir, view, blocks, r))
                 ours.append(kvtier_round(m, view, blocks, r * blocks))
     finally:
         m.shutdown()
@@ -127,7 +141,7 @@ def bench_disk(root: str, rounds: int, blocks: int, block_bytes: int) -> None:
             "baseline_load_gb_per_s": r3(bload),
             "store_ratio": r3(store / bstore),
             "load_ratio": r3(load / bload),
-            "baseline": "python os.pwrite / os.preadv, one file per block, same directory",
+            "baseline": "python os.pwrite / os.preadv, one new file per block per round, same directory",
         }
     )
 
@@ -149,13 +163,30 @@ def count_for(m, seconds: float | None, job: int | None) -> float:
             return n / elapsed
 
 
+def count_during_thread(seconds: float, work) -> float:
+    """Pure-Python iterations per second while `work` runs in a thread."""
+    import threading
+
+    th = threading.Thread(target=work)
+    n = 0
+    t0 = time.perf_counter()
+    th.start()
+    while th.is_alive():
+        for _ in range(20_000):
+            n += 1
+    return n / (time.perf_counter() - t0)
+
+
 def bench_gil(root: str, trials: int, block_bytes: int) -> None:
     blocks = 256 * MiB // block_bytes
     view = memoryview(bytearray(os.urandom(MiB)) * (blocks * block_bytes // MiB)).cast(
         "B", (blocks, block_bytes)
     )
-    m = kvtier.DiskLookupManager(path=os.path.join(root, "gil"), fsync="never")
-    idle, busy, store_s = [], [], []
+    m = kvtier.DiskLookupManager(path=os.path.join(root, "gil"), fsync="never", capacity_bytes=8 << 30)
+    idle, busy, store_s, control = [], [], [], []
+    import hashlib
+
+    data = view.cast("B")
     try:
         for t in range(trials):
             keys = [key(1_000_000 + t * blocks + i) for i in range(blocks)]
@@ -164,6 +195,9 @@ def bench_gil(root: str, trials: int, block_bytes: int) -> None:
             busy.append(count_for(m, None, job))
             store_s.append(time.perf_counter() - t0)
             idle.append(count_for(m, store_s[-1], None))
+            # Control: another thread busy in C without the GIL (sha256 of
+            # the same 256 MiB): what sharing the CPUs alone costs.
+            control.append(count_during_thread(0, lambda: hashlib.sha256(data).digest()) / idle[-1])
     finally:
         m.shutdown()
     ratio = statistics.median(b / i for b, i in zip(busy, idle))
@@ -174,6 +208,7 @@ def bench_gil(root: str, trials: int, block_bytes: int) -> None:
             "python_iters_per_s_idle": r3(statistics.median(idle)),
             "python_iters_per_s_during_store": r3(statistics.median(busy)),
             "python_speed_ratio": r3(ratio),
+            "control_ratio_c_thread_without_gil": r3(statistics.median(control)),
             "store_seconds": r3(statistics.median(store_s)),
         }
     )
