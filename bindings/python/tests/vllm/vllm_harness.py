@@ -70,9 +70,16 @@ def make_spec(
     model: str = "kvtier-test/model",
     dtype: str = "float16",
     extra_config: dict[str, Any] | None = None,
+    tp_size: int = 1,
+    rank: int = 0,
+    replicated_layout: bool = False,
+    is_parallelism_agnostic: bool = False,
+    enable_kv_cache_events: bool = False,
 ) -> Any:
     """vLLM's ``TieringOffloadingSpec`` for one worker holding ``num_chunks``
-    chunks of ``block_bytes`` (a multiple of the page size)."""
+    chunks of ``block_bytes`` (a multiple of the page size). ``tp_size``,
+    ``rank``, ``replicated_layout`` and ``is_parallelism_agnostic`` describe
+    the parallel layout the spec reports (the region stays one worker's)."""
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -91,26 +98,28 @@ def make_spec(
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(16, ("model.layers.0.attn",), 0),),
         worker_kv_bytes_per_block=block_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=enable_kv_cache_events,
         extra_config=extra,
         engine_id="kvtier-test",
         model=OffloadingModelConfig(name=model, dtype=dtype, max_model_len=4096),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
-            rank=0,
-            world_size=1,
-            tp_size=1,
+            rank=rank,
+            world_size=tp_size,
+            tp_size=tp_size,
             pp_size=1,
             pcp_size=1,
             dcp_size=1,
             data_parallel_index=0,
             data_parallel_size=1,
             data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
+            is_parallelism_agnostic=is_parallelism_agnostic,
         ),
+        replicated_layout=replicated_layout,
     )
     spec = TieringOffloadingSpec(config)
-    assert spec.num_chunks == num_chunks and spec.kv_bytes_per_chunk == block_bytes
+    if tp_size == 1 or replicated_layout:  # else a chunk holds every worker's bytes
+        assert spec.num_chunks == num_chunks and spec.kv_bytes_per_chunk == block_bytes
     return spec
 
 
