@@ -10,14 +10,16 @@
 //! `lookups` (the lookup paths), `backend` (the lookup manager by tier
 //! type), `contexts` and `memo` (what the lookups remember), `native`
 //! (the native tiers and their stores), `pytier` (a tier in Python),
-//! `stack`, `errors`, `convert`, `fast` (METH_FASTCALL) and
-//! `lifecycle` (the interpreter's exit).
+//! `stack`, `errors`, `convert`, `fields` (the keywords' ranges and
+//! defaults), `fast` (METH_FASTCALL) and `lifecycle` (the interpreter's
+//! exit).
 
 mod backend;
 mod contexts;
 mod convert;
 mod errors;
 mod fast;
+mod fields;
 mod lifecycle;
 mod lookups;
 mod manager;
@@ -36,5 +38,8 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stack::PyTierStack>()?;
     errors::register(m)?;
     lifecycle::install(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(fields::defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(fields::ranges, m)?)?;
     Ok(())
 }
