@@ -116,7 +116,7 @@ pub(crate) fn redis(
 /// Runs a tier's start-up check on its runtime, without the GIL, within
 /// [`CALL_LIMIT`]: its failure is the `TierError` subclass of its kind,
 /// naming the tier, the check and the cause.
-fn start_up_check<E: Into<TierError>>(
+fn start_up_check<E: Into<TierError> + Send>(
     py: Python<'_>,
     kind: &str,
     op: &str,
