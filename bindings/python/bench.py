@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""kvtier from Python against the reference Python AsyncLookupManager.
+"""kvtier from Python against vLLM's own Python AsyncLookupManager.
 
 Prints one JSON line per workload, like kvbench; every figure of a line is
-measured in the same process and run. Build the extension optimised first:
+measured in the same process and run. Build the extension optimised first,
+in a venv that has vLLM (bindings/python/vllm-env.sh makes one):
 
-    KVTIER_PY_RELEASE=1 bindings/python/test.sh -q     # or: maturin develop --release
     source .services/env                                # Redis for py_busy_redis
-    bindings/python/.venv/bin/python bindings/python/bench.py
+    KVTIER_PY_VLLM=1 KVTIER_PY_RELEASE=1 bindings/python/test.sh tests/vllm -q
+    bindings/python/.venv-vllm/bin/python bindings/python/bench.py
 
-The reference is vLLM's async_lookup.py (default: ../shared/reference/ beside
-the repository; --reference PATH). It is imported from a temporary
-directory with the two small vllm modules its README describes; nothing of
-it is part of the kvtier package.
+The reference is vLLM's ``vllm.v1.kv_offload.tiering.async_lookup``,
+imported from the installed vLLM. Without vLLM, bench.py prints kvtier's
+figures alone (no ``baseline_*`` or ``speedup`` fields) and says on stderr
+that the comparison needs vLLM.
 
 Workloads:
   py_lookup        ns per lookup() of a resolved key (in-memory subclass, both)
@@ -42,8 +43,7 @@ from pathlib import Path
 
 import kvtier
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_REFERENCE = HERE.parent.parent.parent / "shared" / "reference" / "async_lookup.py"
+REFERENCE = "vllm.v1.kv_offload.tiering.async_lookup"
 
 
 @dataclass
@@ -56,25 +56,16 @@ def key(i: int) -> bytes:
     return i.to_bytes(32, "big") + (0).to_bytes(4, "big")
 
 
-def import_reference(path: Path):
-    """The reference module, importable as vLLM would see it."""
-    root = Path(tempfile.mkdtemp(prefix="kvtier-ref-"))
-    pkg = root / "vllm"
-    (pkg / "v1" / "kv_offload" / "tiering").mkdir(parents=True)
-    for d in (pkg, pkg / "v1", pkg / "v1" / "kv_offload", pkg / "v1" / "kv_offload" / "tiering"):
-        (d / "__init__.py").write_text("")
-    (pkg / "logger.py").write_text("import logging\ninit_logger = logging.getLogger\n")
-    (pkg / "v1" / "kv_offload" / "base.py").write_text(
-        "from dataclasses import dataclass\n"
-        "OffloadKey = bytes\n"
-        "@dataclass\n"
-        "class ReqContext:\n"
-        "    req_id: str\n"
-        "    kv_transfer_params: dict | None = None\n"
-    )
-    (pkg / "v1" / "kv_offload" / "tiering" / "async_lookup.py").write_text(path.read_text())
-    sys.path.insert(0, str(root))
-    return importlib.import_module("vllm.v1.kv_offload.tiering.async_lookup")
+def import_reference():
+    """vLLM's async_lookup module, or None (with a line on stderr saying
+    so) when vLLM is not installed here."""
+    try:
+        return importlib.import_module(REFERENCE)
+    except ImportError as e:
+        print(f"bench.py: no vLLM here ({e}): kvtier's figures alone; the comparison with "
+              f"vLLM's AsyncLookupManager needs vLLM installed (bindings/python/vllm-env.sh)",
+              file=sys.stderr, flush=True)
+        return None
 
 
 def emit(line: dict) -> None:
@@ -103,6 +94,7 @@ def settle(m, requests, native: bool) -> None:
 
 
 def make_memory_managers(ref_mod, present):
+    """kvtier's in-memory manager and the reference's (None without vLLM)."""
     class KvtierMemory(kvtier.AsyncLookupManager):
         def __init__(self, existing_keys):
             super().__init__(tier_type="memory")
@@ -110,6 +102,9 @@ def make_memory_managers(ref_mod, present):
 
         def batch_lookup(self, keys, req_context):
             return [k in self.existing_keys for k in keys]
+
+    if ref_mod is None:
+        return KvtierMemory(present), None
 
     class ReferenceMemory(ref_mod.AsyncLookupManager):
         def __init__(self, existing_keys):
@@ -120,6 +115,14 @@ def make_memory_managers(ref_mod, present):
             return [k in self.existing_keys for k in keys]
 
     return KvtierMemory(present), ReferenceMemory(present)
+
+
+def with_baseline(line: dict, ours: float, ref: float | None, field: str, speedup) -> dict:
+    """`line` with the baseline's figure and the ratio, when there is one."""
+    if ref is not None:
+        line[field] = r3(ref)
+        line["speedup"] = r3(speedup(ours, ref))
+    return line
 
 
 def timed(fns, rounds: int) -> list[list[float]]:
@@ -140,7 +143,8 @@ def bench_lookup(ref_mod, rounds: int) -> None:
     ours, ref = make_memory_managers(ref_mod, keys[::2])
     ctx = ReqContext("r0")
     settle(ours, [(ctx, keys)], True)
-    settle(ref, [(ctx, keys)], False)
+    if ref is not None:
+        settle(ref, [(ctx, keys)], False)
 
     def loop(m):
         lookup = m.lookup
@@ -154,27 +158,27 @@ def bench_lookup(ref_mod, rounds: int) -> None:
             lm(keys, ctx)
 
     calls = reps * n_keys
-    t_ours, t_ref, t_many = timed([lambda: loop(ours), lambda: loop(ref), lambda: many(ours)],
-                                  rounds)
-    ns_ours = statistics.median(t_ours) / calls
-    ns_ref = statistics.median(t_ref) / calls
-    ns_many = statistics.median(t_many) / calls
+    fns = [lambda: loop(ours), lambda: many(ours)]
+    if ref is not None:
+        fns.append(lambda: loop(ref))
+    times = timed(fns, rounds)
+    ns_ours, ns_many = (statistics.median(t) / calls for t in times[:2])
+    ns_ref = statistics.median(times[2]) / calls if ref is not None else None
     ours.shutdown()
-    ref.shutdown()
-    emit({
+    if ref is not None:
+        ref.shutdown()
+    emit(with_baseline({
         "workload": "py_lookup", "tier": "python-memory",
         "params": {"keys": n_keys, "lookups": calls, "key_len": 36, "rounds": rounds,
-                   "baseline": "reference AsyncLookupManager.lookup, same in-memory subclass"},
-        "ns_per_lookup": r3(ns_ours), "baseline_ns_per_lookup": r3(ns_ref),
-        "speedup": r3(ns_ref / ns_ours),
-    })
-    emit({
+                   "baseline": "vLLM's AsyncLookupManager.lookup, same in-memory subclass"},
+        "ns_per_lookup": r3(ns_ours),
+    }, ns_ours, ns_ref, "baseline_ns_per_lookup", lambda o, r: r / o))
+    emit(with_baseline({
         "workload": "py_lookup_many", "tier": "python-memory",
         "params": {"keys_per_call": n_keys, "calls": reps, "key_len": 36, "rounds": rounds,
-                   "baseline": "reference lookup() per key"},
-        "ns_per_key": r3(ns_many), "baseline_ns_per_key": r3(ns_ref),
-        "speedup": r3(ns_ref / ns_many),
-    })
+                   "baseline": "vLLM's lookup() per key"},
+        "ns_per_key": r3(ns_many),
+    }, ns_many, ns_ref, "baseline_ns_per_key", lambda o, r: r / o))
 
 
 def bench_step_loop(ref_mod, rounds: int) -> None:
@@ -184,7 +188,8 @@ def bench_step_loop(ref_mod, rounds: int) -> None:
     present = [k for _, keys in requests for k in keys[: n_keys // 2]]
     ours, ref = make_memory_managers(ref_mod, present)
     settle(ours, requests, True)
-    settle(ref, requests, False)
+    if ref is not None:
+        settle(ref, requests, False)
 
     def ours_steps():
         for _ in range(steps):
@@ -199,20 +204,20 @@ def bench_step_loop(ref_mod, rounds: int) -> None:
                     ref.lookup(k, ctx)
             ref.flush()
 
-    t_ours, t_ref = timed([ours_steps, ref_steps], rounds)
-    us_ours = statistics.median(t_ours) / steps / 1000
-    us_ref = statistics.median(t_ref) / steps / 1000
+    times = timed([ours_steps] + ([ref_steps] if ref is not None else []), rounds)
+    us_ours = statistics.median(times[0]) / steps / 1000
+    us_ref = statistics.median(times[1]) / steps / 1000 if ref is not None else None
     ours.shutdown()
-    ref.shutdown()
-    emit({
+    if ref is not None:
+        ref.shutdown()
+    emit(with_baseline({
         "workload": "py_step_loop", "tier": "python-memory",
         "params": {"requests_per_step": n_req, "keys_per_request": n_keys, "steps": steps,
                    "rounds": rounds, "resolved": True,
                    "ours": "lookup_many per request + flush",
-                   "baseline": "reference lookup per key + flush"},
-        "scheduler_us_per_step": r3(us_ours), "baseline_scheduler_us_per_step": r3(us_ref),
-        "speedup": r3(us_ref / us_ours),
-    })
+                   "baseline": "vLLM's lookup per key + flush"},
+        "scheduler_us_per_step": r3(us_ours),
+    }, us_ours, us_ref, "baseline_scheduler_us_per_step", lambda o, r: r / o))
 
 
 def busy(seconds: float) -> None:
@@ -229,6 +234,9 @@ def busy_trial(make_ours, make_ref, seed: int):
     """One trial each: flush, 100 ms busy, one step; the shares answered."""
     shares = []
     for make in (make_ours, make_ref):
+        if make is None:
+            shares.append(None)
+            continue
         m = make()
         requests = [(ReqContext(f"t{seed}-r{r}"), [key(seed * 1_000_000 + r * N_KEYS + i)
                                                      for i in range(N_KEYS)])
@@ -245,17 +253,19 @@ def busy_trial(make_ours, make_ref, seed: int):
 
 
 def busy_line(workload, tier, trials_ours, trials_ref, baseline):
-    emit({
+    line = {
         "workload": workload, "tier": tier,
         "params": {"requests": N_REQ, "keys_per_request": N_KEYS, "busy_ms": BUSY_S * 1000,
                    "trials": len(trials_ours), "baseline": baseline},
         "answered_share_median": r3(statistics.median(trials_ours)),
         "answered_share_min": r3(min(trials_ours)),
-        "baseline_answered_share_median": r3(statistics.median(trials_ref)),
-        "baseline_answered_share_max": r3(max(trials_ref)),
         "answered_share_trials": [r3(x) for x in trials_ours],
-        "baseline_answered_share_trials": [r3(x) for x in trials_ref],
-    })
+    }
+    if None not in trials_ref:
+        line["baseline_answered_share_median"] = r3(statistics.median(trials_ref))
+        line["baseline_answered_share_max"] = r3(max(trials_ref))
+        line["baseline_answered_share_trials"] = [r3(x) for x in trials_ref]
+    emit(line)
 
 
 def bench_busy_redis(ref_mod, trials: int) -> None:
@@ -275,16 +285,18 @@ def bench_busy_redis(ref_mod, trials: int) -> None:
             pipe.set(n, b"x")
         pipe.execute()
 
-    class ReferenceRedis(ref_mod.AsyncLookupManager):
-        def __init__(self):
-            super().__init__(tier_type="redis")
-            self.client = redis.Redis.from_url(url)
+    ReferenceRedis = None
+    if ref_mod is not None:
+        class ReferenceRedis(ref_mod.AsyncLookupManager):
+            def __init__(self):
+                super().__init__(tier_type="redis")
+                self.client = redis.Redis.from_url(url)
 
-        def batch_lookup(self, keys, req_context):
-            pipe = self.client.pipeline(transaction=False)
-            for k in keys:
-                pipe.exists(prefix.encode() + k)
-            return [bool(n) for n in pipe.execute()]
+            def batch_lookup(self, keys, req_context):
+                pipe = self.client.pipeline(transaction=False)
+                for k in keys:
+                    pipe.exists(prefix.encode() + k)
+                return [bool(n) for n in pipe.execute()]
 
     ours_t, ref_t = [], []
     for s in range(trials):
@@ -312,12 +324,14 @@ def bench_busy_disk(ref_mod, trials: int) -> None:
     seeded.shutdown()
     del seeded
 
-    class ReferenceFiles(ref_mod.AsyncLookupManager):
-        def __init__(self):
-            super().__init__(tier_type="files")
+    ReferenceFiles = None
+    if ref_mod is not None:
+        class ReferenceFiles(ref_mod.AsyncLookupManager):
+            def __init__(self):
+                super().__init__(tier_type="files")
 
-        def batch_lookup(self, keys, req_context):
-            return [os.path.exists(files / k.hex()) for k in keys]
+            def batch_lookup(self, keys, req_context):
+                return [os.path.exists(files / k.hex()) for k in keys]
 
     ours_t, ref_t = [], []
     for s in range(trials):
@@ -331,16 +345,12 @@ def bench_busy_disk(ref_mod, trials: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reference", type=Path,
-                    default=Path(os.environ.get("KVTIER_REFERENCE", DEFAULT_REFERENCE)))
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("workloads", nargs="*",
                     default=["py_lookup", "py_step_loop", "py_busy_redis", "py_busy_disk"])
     args = ap.parse_args()
-    if not args.reference.is_file():
-        sys.exit(f"bench.py: the reference {args.reference} does not exist (--reference PATH)")
-    ref_mod = import_reference(args.reference)
+    ref_mod = import_reference()
     for w in args.workloads:
         if w in ("py_lookup", "py_lookup_many"):
             bench_lookup(ref_mod, args.rounds)

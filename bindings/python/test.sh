@@ -14,9 +14,10 @@
 #                      they fail instead of skipping without vLLM.
 #                      torch: the same with the real torch (about 5 GB).
 #                      Unset, tests/vllm skip: `import kvtier` needs no vLLM.
-#   KVTIER_PY_RELEASE  1 builds an optimised extension (benchmarks); the
-#                      default is the debug profile, which shares the
-#                      workspace's debug build and compiles in seconds.
+#   KVTIER_PY_RELEASE  1 builds an optimised extension (benchmarks; the
+#                      `release` profile, symbols kept); the default is the
+#                      debug profile, which shares the workspace's debug
+#                      build and compiles in seconds.
 #   PYTHON             the interpreter that creates the venv (default python3)
 set -euo pipefail
 
@@ -35,6 +36,7 @@ venv="$(realpath -m "${KVTIER_PY_VENV:-$default_venv}")"
 MATURIN_VERSION=1.9.6
 PYTEST_VERSION=9.2.0
 REDIS_PY_VERSION=8.1.0
+MYPY_VERSION=2.4.1
 
 if [ ! -x "$venv/bin/python" ]; then
     echo "==> creating $venv"
@@ -44,17 +46,22 @@ fi
 if ! "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
     PYTEST_VERSION=8.4.2
     REDIS_PY_VERSION=7.0.1
+    MYPY_VERSION=  # mypy 2 needs 3.10: the stub test skips, saying so
 fi
-echo "==> installing maturin==$MATURIN_VERSION pytest==$PYTEST_VERSION redis==$REDIS_PY_VERSION"
+echo "==> installing maturin==$MATURIN_VERSION pytest==$PYTEST_VERSION redis==$REDIS_PY_VERSION mypy==${MYPY_VERSION:-none}"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" "redis==$REDIS_PY_VERSION"
+    "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" "redis==$REDIS_PY_VERSION" \
+    ${MYPY_VERSION:+"mypy==$MYPY_VERSION"}
 
 if [ "${KVTIER_PY_VLLM:-0}" != 0 ]; then
     PYTHON="$python" bash "$here/vllm-env.sh" "${vllm_env_args[@]}" "$venv"
     export KVTIER_REQUIRE_VLLM=1
 fi
 
-profile_args=()
+# Developer builds: `dev`, or `release` (optimised, with line tables and
+# symbols for profilers); a wheel uses the stripped `wheel` profile
+# (pyproject.toml).
+profile_args=(--profile dev)
 if [ "${KVTIER_PY_RELEASE:-0}" = "1" ]; then
     profile_args=(--release)
 fi

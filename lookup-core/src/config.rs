@@ -25,6 +25,12 @@ pub struct ManagerConfig {
     pub tier_name: String,
     /// Longest key accepted, in bytes. Default 64 (vLLM's keys are 36).
     pub max_key_len: usize,
+    /// Shortest key accepted, in bytes. Default 1. A tier whose keys have
+    /// one length sets both bounds to it in
+    /// [`BlockStore::manager_config`](crate::BlockStore::manager_config)
+    /// (a disk tier: its `key_len`), so a key of another length is refused
+    /// at the lookup, as [`LookupError::InvalidKey`](crate::LookupError::InvalidKey).
+    pub min_key_len: usize,
     /// Deadline of one tier call, in milliseconds. On expiry the call's keys
     /// answer miss, are counted as timeouts, and a late answer is discarded.
     /// Default 1000.
@@ -69,6 +75,7 @@ impl Default for ManagerConfig {
         Self {
             tier_name: "tier".to_owned(),
             max_key_len: 64,
+            min_key_len: 1,
             call_timeout_ms: 1000,
             failure_backoff_ms: 500,
             max_calls_in_flight: 32,
@@ -136,8 +143,9 @@ impl ManagerConfig {
     /// # Errors
     /// [`ManagerError::InvalidConfig`] naming the first field out of range.
     pub fn validate(&self) -> Result<(), ManagerError> {
-        let positive: [(&'static str, u64); 7] = [
+        let positive: [(&'static str, u64); 8] = [
             ("max_key_len", self.max_key_len as u64),
+            ("min_key_len", self.min_key_len as u64),
             ("call_timeout_ms", self.call_timeout_ms),
             ("max_calls_in_flight", self.max_calls_in_flight as u64),
             ("max_steps_in_flight", self.max_steps_in_flight as u64),
@@ -154,6 +162,12 @@ impl ManagerConfig {
             }
         }
         let bad = |field, reason: String| Err(ManagerError::InvalidConfig { field, reason });
+        if self.min_key_len > self.max_key_len {
+            return bad(
+                "min_key_len",
+                format!("must be at most max_key_len ({})", self.max_key_len),
+            );
+        }
         if self.tier_name.is_empty() {
             return bad("tier_name", "must not be empty".to_owned());
         }

@@ -136,11 +136,14 @@ impl TierError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LookupError {
-    /// The key is empty or longer than the configured `max_key_len`.
-    #[error("invalid key of {len} bytes: keys must be 1 to {max} bytes long")]
+    /// The key is shorter than the configured `min_key_len` (1 unless the
+    /// tier's keys have one length) or longer than `max_key_len`.
+    #[error("invalid key of {len} bytes: {}", key_lengths(*min, *max))]
     InvalidKey {
         /// The key's length.
         len: usize,
+        /// The configured minimum.
+        min: usize,
         /// The configured maximum.
         max: usize,
     },
@@ -150,6 +153,15 @@ pub enum LookupError {
         /// The tier's name.
         tier: String,
     },
+}
+
+/// What an [`LookupError::InvalidKey`] says keys must be.
+fn key_lengths(min: usize, max: usize) -> String {
+    if min == max {
+        format!("keys must be {max} bytes long")
+    } else {
+        format!("keys must be {min} to {max} bytes long")
+    }
 }
 
 /// An error building a manager.

@@ -24,8 +24,9 @@ pub const INLINE_KEY_CAPACITY: usize = 38;
 /// across processes; a persistent index must hash the bytes itself.
 ///
 /// Length limits are a property of the manager or the tier, not of the key:
-/// [`AsyncLookupManager`](crate::AsyncLookupManager) rejects keys longer than
-/// its configured maximum with [`LookupError::InvalidKey`](crate::LookupError::InvalidKey).
+/// [`AsyncLookupManager`](crate::AsyncLookupManager) rejects keys outside its
+/// configured `min_key_len ..= max_key_len` with
+/// [`LookupError::InvalidKey`](crate::LookupError::InvalidKey).
 pub struct OffloadKey {
     hash: u64,
     repr: Repr,

@@ -254,7 +254,8 @@ impl<T: Tier> AsyncLookupManager<T> {
     /// applied first; checking for them costs one atomic load.
     ///
     /// # Errors
-    /// [`LookupError::InvalidKey`] for an empty or too long key;
+    /// [`LookupError::InvalidKey`] for an empty key, or one shorter than
+    /// `min_key_len` or longer than `max_key_len`;
     /// [`LookupError::ShutDown`] after [`shutdown`](Self::shutdown).
     #[inline]
     pub fn lookup(

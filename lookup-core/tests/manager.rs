@@ -763,11 +763,19 @@ fn invalid_keys_and_configurations_are_typed_errors() {
     let ctx = ReqContext::new("a");
     assert_eq!(
         m.lookup(&OffloadKey::new(&[1; 37]), &ctx),
-        Err(LookupError::InvalidKey { len: 37, max: 36 })
+        Err(LookupError::InvalidKey {
+            len: 37,
+            min: 1,
+            max: 36
+        })
     );
     assert_eq!(
         m.lookup(&OffloadKey::new(&[]), &ctx),
-        Err(LookupError::InvalidKey { len: 0, max: 36 })
+        Err(LookupError::InvalidKey {
+            len: 0,
+            min: 1,
+            max: 36
+        })
     );
     assert!(m.is_idle(), "an invalid key leaves no state");
     let err = AsyncLookupManager::new(
@@ -783,6 +791,53 @@ fn invalid_keys_and_configurations_are_typed_errors() {
             err,
             ManagerError::InvalidConfig {
                 field: "max_calls_in_flight",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_tier_with_one_key_length_refuses_others_at_the_lookup() {
+    let tier = Arc::new(FaultTier::default());
+    let mut m = manager(
+        &tier,
+        ManagerConfig {
+            min_key_len: 36,
+            max_key_len: 36,
+            ..config()
+        },
+    );
+    let ctx = ReqContext::new("a");
+    let err = m.lookup(&OffloadKey::new(&[1; 35]), &ctx).unwrap_err();
+    assert_eq!(
+        err,
+        LookupError::InvalidKey {
+            len: 35,
+            min: 36,
+            max: 36
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "invalid key of 35 bytes: keys must be 36 bytes long"
+    );
+    assert_eq!(
+        m.lookup(&OffloadKey::new(&[1; 36]), &ctx),
+        Ok(LookupVerdict::Pending)
+    );
+    let err = ManagerConfig {
+        min_key_len: 65,
+        ..ManagerConfig::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ManagerError::InvalidConfig {
+                field: "min_key_len",
                 ..
             }
         ),

@@ -171,6 +171,26 @@ impl From<DiskError> for TierError {
             DiskError::CorruptIndex { .. } | DiskError::SegmentIdOutOfRange { .. } => {
                 TierErrorKind::Corrupt
             }
+            // A directory this process may not write, or a path that is
+            // not a directory: retrying will not help.
+            DiskError::Io { source, .. }
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                TierErrorKind::PermissionDenied
+            }
+            DiskError::Io { source, .. }
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::NotADirectory
+                        | std::io::ErrorKind::IsADirectory
+                        | std::io::ErrorKind::AlreadyExists
+                ) =>
+            {
+                TierErrorKind::Config
+            }
             DiskError::DiskFull { .. } | DiskError::Io { .. } => TierErrorKind::Unavailable,
         };
         TierError::new(kind, err.to_string()).with_source(err)

@@ -91,6 +91,7 @@ use serde::Serialize;
 
 pub use config::{DiskConfig, FsyncPolicy};
 pub use error::{DiskError, FormatError};
+pub use format::MAX_KEY_LEN;
 
 use index::{Index, LiveSegments, OpenFailure, sync_dir};
 use rebuild::{RebuildReport, rebuild};
@@ -587,10 +588,14 @@ impl BlockStore for DiskTier {
         true
     }
 
-    /// Named `disk` unless `config` names it; accepts the tier's key length.
+    /// Named `disk` unless `config` names it; accepts keys of the tier's
+    /// `key_len` only.
     fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
+        // Every key is `key_len` bytes: one of another length is refused
+        // at the lookup, as it is by `store`.
         let mut config = config.or_named("disk");
-        config.max_key_len = config.max_key_len.max(self.config.key_len);
+        config.min_key_len = self.config.key_len;
+        config.max_key_len = self.config.key_len;
         config
     }
 }

@@ -340,6 +340,7 @@ where
     if let Some(kwargs) = kwargs {
         for (name, value) in kwargs.iter() {
             let name: String = name.extract()?;
+            crate::fields::check_range(tier_label, &name, &value)?;
             let json = to_json(&name, &value)?;
             let is_manager = manager_fields.contains(&name);
             if !is_manager && !tier_fields.contains(&name) {

@@ -76,8 +76,8 @@ const SUBCLASSES: [Subclass; 7] = [
     Subclass {
         name: "TierInvalidInputError",
         builtin: Some(|py| py.get_type::<PyValueError>()),
-        doc: "The tier cannot accept the argument, such as a key of the wrong \
-              size for a disk tier (kind \"invalid_input\"). Also a ValueError.",
+        doc: "The tier cannot accept the argument, such as a block too big for \
+              a disk tier's segment (kind \"invalid_input\"). Also a ValueError.",
     },
     Subclass {
         name: "TierDataError",

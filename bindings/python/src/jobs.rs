@@ -35,6 +35,8 @@ use crate::pybuffer::{BufferProblem, PyRows, release_finished};
 pub(crate) struct QueueSource {
     pub(crate) store: Arc<dyn DynBlockStore>,
     pub(crate) spawner: Spawner,
+    /// The key lengths the manager's lookups accept (the same rule here).
+    pub(crate) key_lens: (usize, usize),
 }
 
 /// A native manager's transfer queue, made at the first submit.
@@ -208,6 +210,14 @@ impl Inner {
         let keys: Vec<OffloadKey> = crate::convert::keys(keys)?;
         if let Some(i) = keys.iter().position(OffloadKey::is_empty) {
             return Err(invalid(py, what, format!("key {i} is empty")));
+        }
+        let (min, max) = source.key_lens;
+        if let Some(key) = keys.iter().find(|k| !(min..=max).contains(&k.len())) {
+            return Err(errors::lookup_error(kvtier_core::LookupError::InvalidKey {
+                len: key.len(),
+                min,
+                max,
+            }));
         }
         let rows = row_numbers(py, what, rows)?;
         if rows.len() != keys.len() {

@@ -10,16 +10,18 @@
 //! `lookups` (the lookup paths), `backend` (the lookup manager by tier
 //! type), `contexts` and `memo` (what the lookups remember), `native`
 //! (the native tiers and their stores), `pytier` (a tier in Python),
-//! `stack`, `errors`, `convert`, `fast` (METH_FASTCALL),
-//! `lifecycle` (the interpreter's exit), and the data path: `jobs`
-//! (`submit_store`, `submit_load`, `poll_jobs`, `drain_jobs`) over
-//! `pybuffer` (the caller's buffer, held by a job).
+//! `stack`, `errors`, `convert`, `fields` (the keywords' ranges and
+//! defaults), `fast` (METH_FASTCALL), `lifecycle` (the interpreter's
+//! exit), and the data path: `jobs` (`submit_store`, `submit_load`,
+//! `poll_jobs`, `drain_jobs`) over `pybuffer` (the caller's buffer, held
+//! by a job).
 
 mod backend;
 mod contexts;
 mod convert;
 mod errors;
 mod fast;
+mod fields;
 mod jobs;
 mod lifecycle;
 mod lookups;
@@ -41,5 +43,8 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<jobs::JobResult>()?;
     errors::register(m)?;
     lifecycle::install(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(fields::defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(fields::ranges, m)?)?;
     Ok(())
 }

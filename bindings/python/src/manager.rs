@@ -229,13 +229,17 @@ impl PyManager {
 }
 
 /// A native tier's store, for the calls that bypass lookups.
+/// `config` is the manager's, before the tier adjusted it.
 fn blocks<S: BlockStore>(
     kind: &'static str,
     manager: &AsyncLookupManager<S>,
     spawner: &kvtier_core::Spawner,
+    config: ManagerConfig,
 ) -> Blocks {
+    let config = manager.tier().manager_config(config);
     let store: Arc<dyn DynBlockStore> = Arc::clone(manager.tier()) as Arc<dyn DynBlockStore>;
-    Blocks::new(kind, store, spawner.clone()).with_shutdown_timeout(manager.shutdown_timeout())
+    Blocks::new(kind, store, spawner.clone(), &config)
+        .with_shutdown_timeout(manager.shutdown_timeout())
 }
 
 #[pymethods]
@@ -283,26 +287,37 @@ impl PyManager {
     }
 
     /// Starts a native manager: `kind` is "redis", "s3" or "disk". The
-    /// manager and its tier run on one runtime.
-    #[pyo3(signature = (kind, config))]
+    /// manager and its tier run on one runtime. With `check`, the tier is
+    /// checked first (PING, HeadBucket, a file written in the directory).
+    #[pyo3(signature = (kind, config, check=true))]
     fn _init_native(
         slf: &Bound<'_, Self>,
         kind: &str,
         config: Option<&Bound<'_, PyDict>>,
+        check: bool,
     ) -> PyResult<()> {
         let py = slf.py();
         let (backend, blocks) = match kind {
             "redis" => {
                 let (cfg, tcfg) =
                     convert::split_config::<ManagerConfig, RedisConfig>(kind, config)?;
+                // RedisConfig's default URL (127.0.0.1:6379) is for a
+                // configuration file; from Python the server is named.
+                let named = |field| config.is_some_and(|c| c.contains(field).unwrap_or(false));
+                if !named("url") && tcfg.cluster_urls.is_empty() {
+                    return Err(PyValueError::new_err(
+                        "RedisLookupManager needs url= (a single server, e.g. \"redis://127.0.0.1:6379/\") \
+                         or cluster_urls= (seed nodes of a Redis Cluster)",
+                    ));
+                }
                 let cfg = cfg.or_named(kind);
                 cfg.validate().map_err(errors::build_error)?;
                 let spawner = native::spawner(&cfg, cfg.worker_threads)?;
-                let tier = Arc::new(native::redis(tcfg, &spawner)?);
+                let tier = Arc::new(native::redis(py, tcfg, &spawner, check)?);
                 let m = tier
-                    .manager_on(cfg, &spawner)
+                    .manager_on(cfg.clone(), &spawner)
                     .map_err(errors::build_error)?;
-                let blocks = blocks("redis", &m, &spawner);
+                let blocks = blocks("redis", &m, &spawner, cfg);
                 (Backend::Redis(m), blocks)
             }
             "s3" => {
@@ -311,11 +326,11 @@ impl PyManager {
                 cfg.validate().map_err(errors::build_error)?;
                 let threads = cfg.worker_threads.max(tcfg.io_threads);
                 let spawner = native::spawner(&cfg, threads)?;
-                let tier = Arc::new(native::s3(py, tcfg, &spawner)?);
+                let tier = Arc::new(native::s3(py, tcfg, &spawner, check)?);
                 let m = tier
-                    .manager_on(cfg, &spawner)
+                    .manager_on(cfg.clone(), &spawner)
                     .map_err(errors::build_error)?;
-                let blocks = blocks("s3", &m, &spawner);
+                let blocks = blocks("s3", &m, &spawner, cfg);
                 (Backend::S3(m), blocks)
             }
             "disk" => {
@@ -323,11 +338,11 @@ impl PyManager {
                 let cfg = cfg.or_named(kind);
                 cfg.validate().map_err(errors::build_error)?;
                 let spawner = native::spawner(&cfg, cfg.worker_threads)?;
-                let tier = Arc::new(native::disk(py, tcfg)?);
+                let tier = Arc::new(native::disk(py, tcfg, check)?);
                 let m = tier
-                    .manager_on(cfg, &spawner)
+                    .manager_on(cfg.clone(), &spawner)
                     .map_err(errors::build_error)?;
-                let blocks = blocks("disk", &m, &spawner);
+                let blocks = blocks("disk", &m, &spawner, cfg);
                 (Backend::Disk(m), blocks)
             }
             other => {

@@ -114,15 +114,57 @@ pub(crate) fn spawner(config: &ManagerConfig, threads: usize) -> PyResult<Spawne
         .map_err(errors::build_error)
 }
 
-pub(crate) fn redis(config: RedisConfig, spawner: &Spawner) -> PyResult<Closable<RedisTier>> {
+/// A Redis tier; with `check`, one PING now (connection, credentials).
+pub(crate) fn redis(
+    py: Python<'_>,
+    config: RedisConfig,
+    spawner: &Spawner,
+    check: bool,
+) -> PyResult<Closable<RedisTier>> {
     let tier = RedisTier::with_spawner(config, spawner).map_err(errors::config_error)?;
+    if check {
+        start_up_check(py, "redis", "PING", spawner, tier.ping())?;
+    }
     Ok(Closable::new(tier))
 }
 
+/// Runs a tier's start-up check on its runtime, without the GIL, within
+/// [`CALL_LIMIT`]: its failure is the `TierError` subclass of its kind,
+/// naming the tier, the check and the cause.
+fn start_up_check<E: Into<TierError> + Send>(
+    py: Python<'_>,
+    kind: &str,
+    op: &str,
+    spawner: &Spawner,
+    check: impl Future<Output = Result<(), E>> + Send,
+) -> PyResult<()> {
+    let outcome = crate::lifecycle::allow_threads(py, || {
+        spawner
+            .handle()
+            .block_on(async { tokio::time::timeout(CALL_LIMIT, check).await })
+    });
+    let error = match outcome {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => e.into(),
+        Err(_) => TierError::new(
+            TierErrorKind::Timeout,
+            format!("no answer within {} s", CALL_LIMIT.as_secs()),
+        ),
+    };
+    Err(errors::tier_error(
+        py,
+        &format!("the {kind} tier's start-up check ({op}; check=False skips it)"),
+        &error,
+    ))
+}
+
+/// An S3 tier; with `check`, one HeadBucket now (endpoint, bucket,
+/// credentials).
 pub(crate) fn s3(
     py: Python<'_>,
     config: S3Config,
     spawner: &Spawner,
+    check: bool,
 ) -> PyResult<Closable<S3Tier>> {
     config.validate().map_err(errors::config_error)?;
     let built = crate::lifecycle::allow_threads(py, || {
@@ -130,13 +172,48 @@ pub(crate) fn s3(
             .handle()
             .block_on(S3Tier::with_spawner(config, spawner))
     });
-    Ok(Closable::new(built.map_err(errors::config_error)?))
+    let tier = built.map_err(errors::config_error)?;
+    if check {
+        start_up_check(py, "s3", "HeadBucket", spawner, tier.check())?;
+    }
+    Ok(Closable::new(tier))
 }
 
-pub(crate) fn disk(py: Python<'_>, config: DiskConfig) -> PyResult<Closable<DiskTier>> {
-    let tier = crate::lifecycle::allow_threads(py, || DiskTier::open(config))
-        .map_err(errors::config_error)?;
+/// A disk tier, its directory opened (created if missing) and locked; with
+/// `check`, a file is also written to it and removed. A field out of range
+/// is a `ValueError`; a directory that cannot be used, the `TierError`
+/// subclass of its kind.
+pub(crate) fn disk(
+    py: Python<'_>,
+    config: DiskConfig,
+    check: bool,
+) -> PyResult<Closable<DiskTier>> {
+    config.validate().map_err(errors::config_error)?;
+    let dir = config.path.clone();
+    let opened = crate::lifecycle::allow_threads(py, || {
+        let tier = DiskTier::open(config)?;
+        if check {
+            write_check(&dir)?;
+        }
+        Ok::<_, kvtier_disk::DiskError>(tier)
+    });
+    let tier = opened.map_err(|e| {
+        errors::tier_error(
+            py,
+            "the disk tier's start-up check (open, lock and write its directory)",
+            &e.into(),
+        )
+    })?;
     Ok(Closable::new(tier))
+}
+
+/// Writes a small file in `dir` and removes it: the segments to come can
+/// be written there.
+fn write_check(dir: &std::path::Path) -> Result<(), kvtier_disk::DiskError> {
+    let probe = dir.join(format!(".kvtier-write-check-{}", std::process::id()));
+    let written = std::fs::write(&probe, b"kvtier");
+    let _ = std::fs::remove_file(&probe);
+    written.map_err(|e| kvtier_disk::DiskError::io("write a file in", dir, e))
 }
 
 /// Stores, loads and removes of a native manager, on its runtime; taken
@@ -151,15 +228,25 @@ pub(crate) struct Blocks {
     /// The manager's `shutdown_timeout_ms`, which bounds its transfer jobs'
     /// shutdown too.
     shutdown_timeout: Duration,
+    /// The lengths of key the manager's lookups accept: the same rule here.
+    key_lens: (usize, usize),
 }
 
 impl Blocks {
-    pub(crate) fn new(kind: &'static str, store: Arc<dyn DynBlockStore>, spawner: Spawner) -> Self {
+    /// `config` is the manager's, as the tier adjusted it
+    /// ([`BlockStore::manager_config`]): its key lengths apply here too.
+    pub(crate) fn new(
+        kind: &'static str,
+        store: Arc<dyn DynBlockStore>,
+        spawner: Spawner,
+        config: &ManagerConfig,
+    ) -> Self {
         Self {
             kind,
             store,
             spawner,
             shutdown_timeout: Duration::from_secs(5),
+            key_lens: (config.min_key_len.max(1), config.max_key_len),
         }
     }
 
@@ -179,7 +266,21 @@ impl Blocks {
         crate::jobs::QueueSource {
             store: Arc::clone(&self.store),
             spawner: self.spawner.clone(),
+            key_lens: self.key_lens,
         }
+    }
+
+    /// A key of a length the lookups would refuse: the same `ValueError`.
+    fn check_key(&self, key: &OffloadKey) -> PyResult<()> {
+        let (min, max) = self.key_lens;
+        if (min..=max).contains(&key.len()) {
+            return Ok(());
+        }
+        Err(errors::lookup_error(kvtier_core::LookupError::InvalidKey {
+            len: key.len(),
+            min,
+            max,
+        }))
     }
 
     /// Runs `op` on the calling thread, inside the runtime (the tiers' I/O
@@ -207,14 +308,17 @@ impl Blocks {
     }
 
     pub(crate) fn store(&self, py: Python<'_>, key: &OffloadKey, data: &[u8]) -> PyResult<()> {
+        self.check_key(key)?;
         self.run(py, "store", self.store.store_dyn(key, data))
     }
 
     pub(crate) fn load(&self, py: Python<'_>, key: &OffloadKey) -> PyResult<Option<Vec<u8>>> {
+        self.check_key(key)?;
         self.run(py, "load", self.store.load_dyn(key))
     }
 
     pub(crate) fn remove(&self, py: Python<'_>, key: &OffloadKey) -> PyResult<()> {
+        self.check_key(key)?;
         self.run(py, "remove", self.store.remove_dyn(key))
     }
 }

@@ -69,7 +69,6 @@ def test_a_context_without_a_str_req_id_is_a_type_error(manager, ctx):
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"no_such_field": 1}, "no_such_field"),
         ({"call_timeout_ms": "soon"}, "call_timeout_ms"),
         ({"max_calls_in_flight": -1}, "max_calls_in_flight"),
         ({"max_calls_in_flight": 0}, "max_calls_in_flight"),
@@ -83,15 +82,25 @@ def test_a_bad_configuration_is_a_value_error_naming_the_field(config, field):
         kvtier.DiskLookupManager(path="/nonexistent-kvtier", **config)
 
 
+def test_an_unknown_keyword_is_a_type_error_naming_it(tmp_path):
+    # The keywords are explicit parameters: Python itself refuses another.
+    with pytest.raises(TypeError, match="no_such_field"):
+        InMemoryLookupManager(no_such_field=1)
+    with pytest.raises(TypeError, match="no_such_field"):
+        kvtier.DiskLookupManager(path=str(tmp_path), no_such_field=1)
+
+
 def test_native_configuration_fields_are_checked_by_name(tmp_path):
     with pytest.raises(ValueError, match="key_len"):
         kvtier.DiskLookupManager(path=str(tmp_path), key_len="long")
     with pytest.raises(ValueError, match="url"):
         kvtier.RedisLookupManager(url=5)
-    with pytest.raises(ValueError, match="bucket"):
+    with pytest.raises(TypeError, match="buckets"):
         kvtier.S3LookupManager(buckets="x")
-    with pytest.raises(ValueError, match="bucket"):
+    with pytest.raises(TypeError, match="bucket"):
         kvtier.S3LookupManager()  # no bucket
+    with pytest.raises(ValueError, match="bucket"):
+        kvtier.S3LookupManager(bucket="")
 
 
 def test_an_ill_typed_secret_is_not_echoed_in_the_error(tmp_path):

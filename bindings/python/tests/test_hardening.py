@@ -424,7 +424,7 @@ def child():
     # The disk directory is still the parent's.
     try:
         kvtier.DiskLookupManager(path=directory)
-    except ValueError as e:
+    except kvtier.TierConfigError as e:
         assert "locked" in str(e), e
     else:
         raise AssertionError("the child opened the parent's locked directory")

@@ -84,10 +84,16 @@ def test_a_working_manager_shows_no_password_in_its_repr_or_its_errors():
     """A URL with a password that parses: the manager builds; its repr,
     and the error its failed lookups leave in stats, never show it."""
     port = _closed_port()
+    # Checked when made: the error of the check does not show it either.
+    with pytest.raises(kvtier.TierConnectionError) as err:
+        kvtier.RedisLookupManager(url=f"redis://alice:{SECRET}@127.0.0.1:{port}/",
+                                  connect_timeout_ms=200, response_timeout_ms=200)
+    _assert_hidden(str(err.value), repr(err.value))
     manager = kvtier.RedisLookupManager(
         url=f"redis://alice:{SECRET}@127.0.0.1:{port}/",
         connect_timeout_ms=200,
         response_timeout_ms=200,
+        check=False,
     )
     try:
         _assert_hidden(repr(manager), str(manager))

@@ -12,6 +12,7 @@ impl Ledger {
     pub(super) fn invalid_key(&self, len: usize) -> LookupError {
         LookupError::InvalidKey {
             len,
+            min: self.min_key_len,
             max: self.max_key_len,
         }
     }

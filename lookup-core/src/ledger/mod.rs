@@ -227,6 +227,7 @@ fn ticks(epoch: Instant, t: Instant) -> u64 {
 #[derive(Debug)]
 pub struct Ledger {
     tier: Arc<str>,
+    min_key_len: usize,
     max_key_len: usize,
     call_timeout: Duration,
     failure_backoff: Duration,
@@ -254,6 +255,7 @@ impl Ledger {
     pub fn new(cfg: &ManagerConfig, now: Instant) -> Self {
         Self {
             tier: Arc::from(cfg.tier_name.as_str()),
+            min_key_len: cfg.min_key_len.max(1),
             max_key_len: cfg.max_key_len,
             call_timeout: cfg.call_timeout(),
             failure_backoff: cfg.failure_backoff(),
@@ -291,7 +293,8 @@ impl Ledger {
     /// to the next flush.
     ///
     /// # Errors
-    /// [`LookupError::InvalidKey`] for an empty key or one longer than `max_key_len`.
+    /// [`LookupError::InvalidKey`] for a key shorter than `min_key_len` (an
+    /// empty one always) or longer than `max_key_len`.
     #[inline(always)]
     pub fn lookup(
         &mut self,
@@ -303,7 +306,7 @@ impl Ledger {
         let Some((found, state)) = entry else {
             // Only valid keys enter the table: a tracked key needs no check.
             let len = key.len();
-            if len == 0 || len > self.max_key_len {
+            if len < self.min_key_len || len > self.max_key_len {
                 return Err(self.invalid_key(len));
             }
             return Ok(self.lookup_slow(key, None, ctx, now));

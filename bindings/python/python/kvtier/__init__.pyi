@@ -1,5 +1,6 @@
+import os
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 __all__ = [
     "AsyncLookupManager",
@@ -18,7 +19,11 @@ __all__ = [
     "TierStack",
     "TierThrottledError",
     "TierTimeoutError",
+    "__version__",
 ]
+
+__version__: str
+"""The package's version (the workspace's Cargo version)."""
 
 class _HasReqId(Protocol):
     @property
@@ -65,7 +70,22 @@ class _Manager:
     def is_shut_down(self) -> bool: ...
 
 class AsyncLookupManager(_Manager):
-    def __init__(self, tier_type: str, **config: Any) -> None: ...
+    def __init__(
+        self,
+        tier_type: str,
+        *,
+        tier_name: str | None = None,
+        max_key_len: int = 64,
+        min_key_len: int = 1,
+        call_timeout_ms: int = 1000,
+        failure_backoff_ms: int = 500,
+        max_calls_in_flight: int = 32,
+        max_steps_in_flight: int = 8,
+        max_queued_keys: int = 65536,
+        max_keys_per_call: int = 4096,
+        shutdown_timeout_ms: int = 1000,
+        worker_threads: int = 1,
+    ) -> None: ...
     def batch_lookup(self, keys: list[bytes], req_context: Any) -> Iterable[bool]: ...
 
 class JobResult:
@@ -112,13 +132,93 @@ class _NativeManager(_Manager):
         never cut; once it returns `True` nothing touches the buffers."""
 
 class RedisLookupManager(_NativeManager):
-    def __init__(self, **config: Any) -> None: ...
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        cluster_urls: Sequence[str] = (),
+        username: str | None = None,
+        password: str | None = None,
+        tls_ca_cert: str | os.PathLike[str] | None = None,
+        key_prefix: str = "kvtier:",
+        ttl_ms: int | None = None,
+        pipeline_chunk: int = 512,
+        max_chunks_in_flight: int = 8,
+        connect_timeout_ms: int = 500,
+        response_timeout_ms: int = 1000,
+        reconnect_retries: int = 1,
+        lean_pipelines: bool = True,
+        check: bool = True,
+        tier_name: str | None = None,
+        max_key_len: int = 64,
+        min_key_len: int = 1,
+        call_timeout_ms: int = 1000,
+        failure_backoff_ms: int = 500,
+        max_calls_in_flight: int = 32,
+        max_steps_in_flight: int = 8,
+        max_queued_keys: int = 65536,
+        max_keys_per_call: int = 4096,
+        shutdown_timeout_ms: int = 1000,
+        worker_threads: int = 1,
+    ) -> None: ...
 
 class S3LookupManager(_NativeManager):
-    def __init__(self, **config: Any) -> None: ...
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "kvtier/",
+        region: str | None = None,
+        endpoint: str | None = None,
+        force_path_style: bool = False,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        max_concurrent_requests: int = 64,
+        request_timeout_ms: int = 2000,
+        connect_timeout_ms: int = 1000,
+        max_attempts: int = 3,
+        credentials_from_aws_chain: bool = True,
+        bucket_recheck_ms: int = 1000,
+        io_threads: int = 1,
+        check: bool = True,
+        tier_name: str | None = None,
+        max_key_len: int = 64,
+        min_key_len: int = 1,
+        call_timeout_ms: int = 1000,
+        failure_backoff_ms: int = 500,
+        max_calls_in_flight: int = 32,
+        max_steps_in_flight: int = 8,
+        max_queued_keys: int = 65536,
+        max_keys_per_call: int = 4096,
+        shutdown_timeout_ms: int = 1000,
+        worker_threads: int = 1,
+    ) -> None: ...
 
 class DiskLookupManager(_NativeManager):
-    def __init__(self, **config: Any) -> None: ...
+    def __init__(
+        self,
+        *,
+        path: str | os.PathLike[str],
+        key_len: int = 36,
+        capacity_bytes: int = 1073741824,
+        segment_bytes: int = 67108864,
+        initial_slots: int = 65536,
+        fsync: Literal["always", "never"] = "always",
+        rebuild_corrupt_index: bool = True,
+        check: bool = True,
+        tier_name: str | None = None,
+        max_key_len: int = 64,
+        min_key_len: int = 1,
+        call_timeout_ms: int = 1000,
+        failure_backoff_ms: int = 500,
+        max_calls_in_flight: int = 32,
+        max_steps_in_flight: int = 8,
+        max_queued_keys: int = 65536,
+        max_keys_per_call: int = 4096,
+        shutdown_timeout_ms: int = 1000,
+        worker_threads: int = 1,
+    ) -> None: ...
 
 class TierStack:
     def __init__(self, managers: Sequence[_Manager], policy: str = "prefer_earlier_tiers") -> None: ...
