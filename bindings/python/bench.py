@@ -17,6 +17,10 @@ that the comparison needs vLLM.
 Workloads:
   py_lookup        ns per lookup() of a resolved key (in-memory subclass, both)
   py_lookup_many   ns per key through lookup_many vs the reference's lookup()
+  py_random        50,000 random resolved keys (half present) looked up in a
+                   random order, one request: ns per key of lookup() and of
+                   one lookup_many call, against the reference's lookup() and
+                   a same-run floor, `[k in s for k in keys]` over a set
   py_step_loop     scheduler us per step: 64 requests x 32 resolved keys
                    (kvtier: lookup_many per request; reference: lookup per key)
   py_busy_redis    20 requests x 256 Redis keys flushed, 100 ms of pure-Python
@@ -179,6 +183,65 @@ def bench_lookup(ref_mod, rounds: int) -> None:
                    "baseline": "vLLM's lookup() per key"},
         "ns_per_key": r3(ns_many),
     }, ns_many, ns_ref, "baseline_ns_per_key", lambda o, r: r / o))
+
+
+def bench_random(ref_mod, rounds: int, n_keys: int = 50_000) -> None:
+    """What a scheduler sees: many distinct resolved keys, spread out, in no
+    particular order (not the same few keys again)."""
+    import random
+
+    rng = random.Random(28)
+    keys = [rng.randbytes(32) + (0).to_bytes(4, "big") for _ in range(n_keys)]
+    present = set(keys[::2])
+    ours, ref = make_memory_managers(ref_mod, present)
+    ctx = ReqContext("r0")
+    settle(ours, [(ctx, keys)], True)
+    settle(ref, [(ctx, keys)], False)
+    order = keys[:]
+    rng.shuffle(order)
+    floor_set = set(present)
+
+    def loop(m):
+        lookup = m.lookup
+        for k in order:
+            lookup(k, ctx)
+
+    def many():
+        ours.lookup_many(order, ctx)
+
+    def floor():
+        s = floor_set
+        [k in s for k in order]
+
+    # The answers agree before anything is timed.
+    expect = [k in floor_set for k in order]
+    if ours.lookup_many(order, ctx) != expect or [ours.lookup(k, ctx) for k in order] != expect:
+        raise RuntimeError("py_random: kvtier's answers differ from the set's")
+    if [ref.lookup(k, ctx) for k in order] != expect:
+        raise RuntimeError("py_random: the reference's answers differ from the set's")
+    t_ours, t_ref, t_many, t_floor = timed(
+        [lambda: loop(ours), lambda: loop(ref), many, floor], rounds)
+    ns_ours, ns_ref, ns_many, ns_floor = (statistics.median(t) / n_keys
+                                          for t in (t_ours, t_ref, t_many, t_floor))
+    ours.shutdown()
+    ref.shutdown()
+    params = {"keys": n_keys, "present": len(present), "key_len": 36, "rounds": rounds,
+              "order": "random", "requests": 1,
+              "baseline": "reference AsyncLookupManager.lookup per key, same in-memory subclass",
+              "floor": "[k in s for k in keys] over a Python set"}
+    emit({
+        "workload": "py_random_lookup", "tier": "python-memory", "params": params,
+        "ns_per_lookup": r3(ns_ours), "baseline_ns_per_lookup": r3(ns_ref),
+        "floor_ns_per_key": r3(ns_floor),
+        "speedup": r3(ns_ref / ns_ours), "ratio_vs_floor": r3(ns_ours / ns_floor),
+    })
+    emit({
+        "workload": "py_random_lookup_many", "tier": "python-memory",
+        "params": {**params, "keys_per_call": n_keys},
+        "ns_per_key": r3(ns_many), "baseline_ns_per_key": r3(ns_ref),
+        "floor_ns_per_key": r3(ns_floor),
+        "speedup": r3(ns_ref / ns_many), "ratio_vs_floor": r3(ns_many / ns_floor),
+    })
 
 
 def bench_step_loop(ref_mod, rounds: int) -> None:
@@ -348,12 +411,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("workloads", nargs="*",
-                    default=["py_lookup", "py_step_loop", "py_busy_redis", "py_busy_disk"])
+                    default=["py_lookup", "py_random", "py_step_loop", "py_busy_redis",
+                             "py_busy_disk"])
     args = ap.parse_args()
     ref_mod = import_reference()
     for w in args.workloads:
         if w in ("py_lookup", "py_lookup_many"):
             bench_lookup(ref_mod, args.rounds)
+        elif w in ("py_random", "py_random_lookup", "py_random_lookup_many"):
+            bench_random(ref_mod, args.rounds)
         elif w == "py_step_loop":
             bench_step_loop(ref_mod, args.rounds)
         elif w == "py_busy_redis":

@@ -267,6 +267,28 @@ impl<T: Tier> AsyncLookupManager<T> {
         self.ledger.lookup(key, ctx, &mut LazyNow::new())
     }
 
+    /// [`lookup`](Self::lookup) of each of `keys` in order, each answer
+    /// handed to `answer` with its index: one call for a request's keys.
+    /// Of a long list, the memory the lookups of the next keys read is
+    /// prefetched while one key is looked up, which on keys spread over a
+    /// large table (more than the cache holds) saves most of the time
+    /// their lookups would spend waiting for memory one after the other.
+    ///
+    /// # Errors
+    /// As for [`lookup`](Self::lookup); the first error stops the loop,
+    /// the keys before it were looked up (and answered).
+    #[inline]
+    pub fn lookup_each(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        answer: impl FnMut(usize, LookupVerdict),
+    ) -> Result<(), LookupError> {
+        self.before_lookup()?;
+        self.ledger
+            .lookup_each(keys, ctx, &mut LazyNow::new(), answer)
+    }
+
     /// How many leading `keys` exist: vLLM's scan, where a resolved miss ends
     /// the scan and an unresolved key before it makes the answer pending.
     /// Every unresolved key up to the first known miss is submitted with the
@@ -365,8 +387,13 @@ impl<T: Tier> AsyncLookupManager<T> {
             self.ready.store(false, Ordering::Release);
         }
         while let Ok(finished) = self.results.try_recv() {
-            self.ledger
-                .complete(finished.id, finished.outcome, finished.elapsed, now);
+            self.ledger.complete_ended(
+                finished.id,
+                finished.outcome,
+                finished.elapsed,
+                finished.ended,
+                now,
+            );
             self.ledger.reuse_keys(finished.keys);
         }
         self.ledger.expire(now);

@@ -81,6 +81,20 @@ pub struct ManagerStats {
     /// sample per key; a re-check after a failure and an answer for a key nobody
     /// refers to any more are not counted.
     pub time_to_verdict: LatencySummary,
+    /// The first part of `time_to_verdict`: from the flush to the start of
+    /// the tier call (handing the call to the worker, the worker waking up,
+    /// waiting for a call slot). One sample per first verdict from a tier
+    /// call that ran on the worker (not a timeout the manager applied
+    /// itself); the three parts of a sample add up to its time to verdict,
+    /// their percentiles need not.
+    pub verdict_queueing: LatencySummary,
+    /// The second part of `time_to_verdict`: the tier call itself (the
+    /// round trip to the tier), weighted per key, unlike `tier_call_latency`.
+    pub verdict_round_trip: LatencySummary,
+    /// The last part of `time_to_verdict`: from the end of the tier call to
+    /// the verdict being applied (the result's trip back to the scheduler's
+    /// thread, and the wait for its next `lookup`, `flush` or drain).
+    pub verdict_publication: LatencySummary,
     /// The first failed tier call's cause (an error, a timeout or a wrong
     /// number of results), as one line; `None` while no call has failed.
     /// A program can print it next to `errors` and `timeouts`, so a

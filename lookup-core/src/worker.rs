@@ -68,6 +68,8 @@ pub(crate) struct Finished {
     pub(crate) id: CallId,
     pub(crate) outcome: CallOutcome,
     pub(crate) elapsed: Duration,
+    /// When the outcome was handed back (the call ended `elapsed` before).
+    pub(crate) ended: Instant,
     /// The call's key list, emptied, for the ledger to reuse (empty and
     /// unallocated when the call did not give it back: a timeout, a panic).
     pub(crate) keys: Vec<OffloadKey>,
@@ -116,6 +118,7 @@ impl Reply {
             id: self.id,
             outcome,
             elapsed,
+            ended: Instant::now(),
             keys,
         });
     }
@@ -136,6 +139,7 @@ impl Drop for Reply {
                  (its runtime shut down, or has no time driver)",
             )),
             elapsed: self.arrived.elapsed(),
+            ended: Instant::now(),
             keys: Vec::new(),
         });
     }

@@ -222,9 +222,22 @@ impl Inner {
     }
 }
 
+/// From this many keys on, `lookup_many` builds the keys of a chunk first
+/// and looks them up together (see [`lookup_each`]).
+const BATCH_MIN_KEYS: usize = 64;
+
+/// Keys built, then looked up, at a time on the batched path.
+const BATCH_KEYS: usize = 256;
+
 /// Looks each of `objects` up in `m`, its answer into `list`. One
 /// concrete manager per instance: the loop calls that manager's own
 /// `lookup`, inlined here.
+///
+/// A long list goes in chunks: the chunk's keys are built first (the
+/// objects' reads, independent of each other, overlap), then looked up
+/// through [`AsyncLookupManager::lookup_each`], which prefetches the
+/// table's memory a few keys ahead: on many keys spread over a large
+/// table, the cache misses overlap instead of following each other.
 ///
 /// # Safety
 /// The GIL is held and the objects are alive.
@@ -237,12 +250,32 @@ unsafe fn lookup_each<T: Tier>(
     objects: &[KeyObj],
     list: &mut VerdictList<'_>,
 ) -> Result<(), LookupError> {
-    for (index, &obj) in objects.iter().enumerate() {
-        // SAFETY: forwarded.
-        let v = m.lookup(unsafe { memo.key(py, obj) }, ctx)?;
-        list.set(index, v);
+    if objects.len() < BATCH_MIN_KEYS {
+        for (index, &obj) in objects.iter().enumerate() {
+            // SAFETY: forwarded.
+            let v = m.lookup(unsafe { memo.key(py, obj) }, ctx)?;
+            list.set(index, v);
+        }
+        return Ok(());
     }
-    Ok(())
+    let mut keys = memo.take_batch();
+    let mut done = Ok(());
+    for (n, chunk) in objects.chunks(BATCH_KEYS).enumerate() {
+        keys.clear();
+        // SAFETY: forwarded.
+        keys.extend(
+            chunk
+                .iter()
+                .map(|&obj| unsafe { memo.key(py, obj) }.clone()),
+        );
+        let base = n * BATCH_KEYS;
+        done = m.lookup_each(&keys, ctx, |i, v| list.set(base + i, v));
+        if done.is_err() {
+            break;
+        }
+    }
+    memo.put_batch(keys);
+    done
 }
 
 /// The singleton `True`, `False` or `None` of a verdict, as a new reference.

@@ -36,6 +36,9 @@ pub(crate) struct KeyMemo {
     inserted: usize,
     /// Keys left that are built without being kept.
     bypass: usize,
+    /// A list of keys for `lookup_many`'s batched path, kept between calls
+    /// (emptied) so that it allocates once.
+    batch: Vec<OffloadKey>,
 }
 
 /// One entry of the memo: an object it holds and its key.
@@ -170,6 +173,19 @@ impl KeyMemo {
         if let Some(obj) = slot.obj {
             drop(obj.into_bound(py));
         }
+    }
+
+    /// The batch list (empty; see [`put_batch`](Self::put_batch)).
+    #[inline]
+    pub(crate) fn take_batch(&mut self) -> Vec<OffloadKey> {
+        std::mem::take(&mut self.batch)
+    }
+
+    /// Keeps `keys`' allocation for the next batch (its keys are dropped).
+    #[inline]
+    pub(crate) fn put_batch(&mut self, mut keys: Vec<OffloadKey>) {
+        keys.clear();
+        self.batch = keys;
     }
 
     /// Notes that a call asks for `n` keys (once per call: the hit rate

@@ -35,6 +35,28 @@ def test_lookup_many_answers_each_key_like_lookup(ctx):
         m.shutdown()
 
 
+def test_lookup_many_of_a_long_list_answers_each_key_like_lookup(ctx):
+    # 64 keys or more take the batched path (keys built in chunks of 256,
+    # looked up with prefetching): the answers must be lookup's, in order,
+    # across chunk boundaries, with keys resolved, absent and new mixed.
+    n = 1000
+    m = InMemoryLookupManager(existing_keys=[key(i) for i in range(0, n, 3)])
+    try:
+        keys = [key(i) for i in range(n)]
+        settle(m, keys[:700], ctx)
+        want = [m.lookup(k, ctx) for k in keys]
+        assert want[:700] == [i % 3 == 0 for i in range(700)]
+        assert want[700:] == [None] * 300
+        import random
+        order = keys[:]
+        random.Random(1).shuffle(order)
+        assert m.lookup_many(keys, ctx) == want
+        assert m.lookup_many(order, ctx) == [m.lookup(k, ctx) for k in order]
+        assert m.lookup_many(tuple(keys[:64]), ctx) == want[:64]
+    finally:
+        m.shutdown()
+
+
 class SubBytes(bytes):
     pass
 

@@ -6,6 +6,14 @@ use std::time::Duration;
 
 use crate::stats::{LatencyHistogram, ManagerStats};
 
+/// When a tier call started and ended (ledger ticks): splits the time to
+/// verdict of its keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallSpan {
+    pub(crate) started: u64,
+    pub(crate) ended: u64,
+}
+
 /// The counts and histograms of one ledger.
 ///
 /// Invariant: every count only grows and counts each event once (a key's
@@ -30,6 +38,12 @@ pub(super) struct Counters {
     first_error: Option<String>,
     call_latency: LatencyHistogram,
     time_to_verdict: LatencyHistogram,
+    /// The parts of `time_to_verdict`, for calls with a [`CallSpan`]: from
+    /// the flush to the call's start, the call, and from its end to the
+    /// verdict being applied.
+    verdict_queueing: LatencyHistogram,
+    verdict_round_trip: LatencyHistogram,
+    verdict_publication: LatencyHistogram,
 }
 
 impl Counters {
@@ -49,6 +63,9 @@ impl Counters {
             first_error: None,
             call_latency: LatencyHistogram::new(),
             time_to_verdict: LatencyHistogram::new(),
+            verdict_queueing: LatencyHistogram::new(),
+            verdict_round_trip: LatencyHistogram::new(),
+            verdict_publication: LatencyHistogram::new(),
         }
     }
 
@@ -56,6 +73,9 @@ impl Counters {
     #[inline]
     pub(super) fn settle(&mut self) {
         self.time_to_verdict.settle();
+        self.verdict_queueing.settle();
+        self.verdict_round_trip.settle();
+        self.verdict_publication.settle();
         self.call_latency.settle();
     }
 
@@ -73,13 +93,30 @@ impl Counters {
 
     /// Records `count` times to verdict of keys flushed at `flushed_at`
     /// (ticks plus one; 0: none, and nothing is recorded) whose verdicts
-    /// became available at `now_ticks`.
+    /// became available at `now_ticks`, and their split when the call's
+    /// `span` is known.
     #[inline]
-    pub(super) fn record_verdict_times(&mut self, flushed_at: u64, now_ticks: u64, count: u64) {
+    pub(super) fn record_verdict_times(
+        &mut self,
+        flushed_at: u64,
+        now_ticks: u64,
+        count: u64,
+        span: Option<CallSpan>,
+    ) {
         if count > 0 && flushed_at > 0 {
-            let waited = now_ticks.saturating_sub(flushed_at - 1);
+            let flushed = flushed_at - 1;
+            let waited = now_ticks.saturating_sub(flushed);
             self.time_to_verdict
                 .record_n(Duration::from_nanos(waited), count);
+            if let Some(span) = span {
+                let nanos = Duration::from_nanos;
+                self.verdict_queueing
+                    .record_n(nanos(span.started.saturating_sub(flushed)), count);
+                self.verdict_round_trip
+                    .record_n(nanos(span.ended.saturating_sub(span.started)), count);
+                self.verdict_publication
+                    .record_n(nanos(now_ticks.saturating_sub(span.ended)), count);
+            }
         }
     }
 
@@ -124,6 +161,9 @@ impl Counters {
             calls_finished: self.calls_finished,
             tier_call_latency: self.call_latency.summary(),
             time_to_verdict: self.time_to_verdict.summary(),
+            verdict_queueing: self.verdict_queueing.summary(),
+            verdict_round_trip: self.verdict_round_trip.summary(),
+            verdict_publication: self.verdict_publication.summary(),
             first_error: self.first_error.clone(),
             ..ManagerStats::default()
         }

@@ -100,6 +100,20 @@ fn bytes_equal(bytes: &[u8; 16], byte: u8) -> u32 {
         .fold(0, |mask, (i, &b)| mask | (u32::from(b == byte) << i))
 }
 
+/// Asks the processor to start loading the cache line at `p` (a hint: no
+/// fault, no effect on what the program computes).
+#[inline(always)]
+pub(super) fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE, which the prefetch instruction needs, is part of every
+    // x86_64 target; a prefetch never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// The tag of a hash: its low seven bits, with the high bit set.
 #[inline(always)]
 fn tag_of(hash: u64) -> u8 {
@@ -167,6 +181,21 @@ impl SlotIndex {
             }
             i = self.next(i);
         }
+    }
+
+    /// Starts loading the chunk a search for `hash` reads first.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, hash: u64) {
+        prefetch_line(std::ptr::from_ref(&self.chunks[self.home(hash)]).cast());
+    }
+
+    /// The first slot of `hash`'s home chunk whose tag matches: the likely
+    /// entry of a key hashed to `hash` (its key is not compared).
+    #[inline(always)]
+    pub(super) fn likely_slot(&self, hash: u64) -> Option<Slot> {
+        let chunk = &self.chunks[self.home(hash)];
+        let found = chunk.matches(tag_of(hash));
+        (found != 0).then(|| chunk.slots[place(found)])
     }
 
     /// Adds `slot`, whose entry hashes to `hash` (not in the index yet);

@@ -209,7 +209,7 @@ use crate::stats::ManagerStats;
 pub use crate::verdict::{LookupVerdict, PrefixVerdict};
 use batch::Batch;
 pub use call::{CallId, CallOutcome, LazyNow, TierCall};
-use counters::{Counters, Gauges};
+use counters::{CallSpan, Counters, Gauges};
 use outstanding::OutstandingCalls;
 use queue::ReadyQueue;
 use requests::{Requests, id_address};
@@ -217,6 +217,15 @@ use steps::Steps;
 use table::{KeyTable, Phase};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// How many keys ahead [`Ledger::lookup_each`] prefetches an entry (and
+/// twice that, an index line).
+const PREFETCH_AHEAD: usize = 8;
+
+/// From this many keys on, [`Ledger::lookup_each`] prefetches: a shorter
+/// list is most likely a request's keys asked again, already cached, where
+/// the prefetches would be work for nothing.
+const PREFETCH_MIN_KEYS: usize = 64;
 
 /// Nanoseconds from `epoch` to `t` (0 for earlier times); 584 years fit.
 fn ticks(epoch: Instant, t: Instant) -> u64 {
@@ -337,6 +346,49 @@ impl Ledger {
         Ok(self.lookup_slow(key, Some(found), ctx, now))
     }
 
+    /// [`lookup`](Self::lookup) of each of `keys` in order, each answer
+    /// handed to `answer` with its index. Of a long list, the table's
+    /// memory for the keys a few places ahead is prefetched, so that the
+    /// cache misses of keys spread over a large table overlap instead of
+    /// following each other.
+    ///
+    /// # Errors
+    /// The first key's error stops the loop; the keys before it were
+    /// looked up (and answered).
+    #[inline]
+    pub fn lookup_each(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        now: &mut LazyNow,
+        mut answer: impl FnMut(usize, LookupVerdict),
+    ) -> Result<(), LookupError> {
+        if keys.len() < PREFETCH_MIN_KEYS {
+            for (i, key) in keys.iter().enumerate() {
+                answer(i, self.lookup(key, ctx, now)?);
+            }
+            return Ok(());
+        }
+        // Index lines `2 * PREFETCH_AHEAD` keys ahead, entries (through
+        // the index lines, arrived by then) `PREFETCH_AHEAD` ahead.
+        for key in &keys[..2 * PREFETCH_AHEAD] {
+            self.keys.prefetch_index(key);
+        }
+        for key in &keys[..PREFETCH_AHEAD] {
+            self.keys.prefetch_entry(key);
+        }
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(ahead) = keys.get(i + 2 * PREFETCH_AHEAD) {
+                self.keys.prefetch_index(ahead);
+            }
+            if let Some(ahead) = keys.get(i + PREFETCH_AHEAD) {
+                self.keys.prefetch_entry(ahead);
+            }
+            answer(i, self.lookup(key, ctx, now)?);
+        }
+        Ok(())
+    }
+
     /// How many leading `keys` are hits, with vLLM's scan: a resolved miss
     /// ends the scan, and an unresolved key before it makes the answer
     /// pending. Every unresolved key up to the first miss is registered, so
@@ -437,6 +489,40 @@ impl Ledger {
     /// Applies the outcome of call `id`, which took `elapsed`. An answer for
     /// a call that already timed out is dropped and counted.
     pub fn complete(&mut self, id: CallId, outcome: CallOutcome, elapsed: Duration, now: Instant) {
+        self.finish_call(id, outcome, elapsed, None, now);
+    }
+
+    /// [`complete`](Self::complete) for a call whose transport handed its
+    /// outcome back at `ended`, `elapsed` after the tier call started: the
+    /// times to verdict of its keys are then also split into queueing (from
+    /// the flush to the call's start), the round trip (the call) and
+    /// publication (from `ended` to the verdict being applied); see
+    /// [`ManagerStats::verdict_queueing`].
+    pub fn complete_ended(
+        &mut self,
+        id: CallId,
+        outcome: CallOutcome,
+        elapsed: Duration,
+        ended: Instant,
+        now: Instant,
+    ) {
+        let span = CallSpan {
+            started: ended
+                .checked_sub(elapsed)
+                .map_or(0, |started| ticks(self.epoch, started)),
+            ended: ticks(self.epoch, ended),
+        };
+        self.finish_call(id, outcome, elapsed, Some(span), now);
+    }
+
+    fn finish_call(
+        &mut self,
+        id: CallId,
+        outcome: CallOutcome,
+        elapsed: Duration,
+        span: Option<CallSpan>,
+        now: Instant,
+    ) {
         let Some(call) = self.calls.finish(id) else {
             self.counters.late_answers_dropped += 1;
             return;
@@ -446,11 +532,11 @@ impl Ledger {
         let now_ticks = ticks(self.epoch, now);
         match outcome {
             CallOutcome::Answered(found) if found.len() == call.probes.len() => {
-                self.apply_answers(&call, found, now_ticks);
+                self.apply_answers(&call, found, now_ticks, span);
             }
             failed => {
                 let kind = self.note_failure(failed, call.probes.len());
-                self.apply_failure(&call, kind, now, now_ticks);
+                self.apply_failure(&call, kind, now, now_ticks, span);
             }
         }
         self.batch.recycle(call.probes);

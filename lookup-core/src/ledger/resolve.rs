@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use super::counters::CallSpan;
 use super::outstanding::OutstandingCall;
 use super::table::{Phase, Probe};
 use super::{CallOutcome, Ledger, ticks};
@@ -26,6 +27,7 @@ impl Ledger {
         call: &OutstandingCall,
         found: Vec<bool>,
         now_ticks: u64,
+        span: Option<CallSpan>,
     ) {
         let flushed_at = call.flushed_at;
         let answers = call.probes.iter().zip(found);
@@ -33,7 +35,8 @@ impl Ledger {
             // A queued group's call: each key waited from its own flush.
             for (&probe, present) in answers {
                 if let Some(timed) = self.resolve(probe, KeyResult::Answer(present), 0) {
-                    self.counters.record_verdict_times(timed, now_ticks, 1);
+                    self.counters
+                        .record_verdict_times(timed, now_ticks, 1, span);
                 }
             }
             return;
@@ -46,7 +49,7 @@ impl Ledger {
             first_verdicts += u64::from(timed.is_some_and(|t| t != 0));
         }
         self.counters
-            .record_verdict_times(flushed_at, now_ticks, first_verdicts);
+            .record_verdict_times(flushed_at, now_ticks, first_verdicts, span);
     }
 
     /// Logs and counts the cause of a call of `keys` keys that did not
@@ -95,6 +98,7 @@ impl Ledger {
         kind: TierErrorKind,
         now: Instant,
         now_ticks: u64,
+        span: Option<CallSpan>,
     ) {
         let timed_out = kind == TierErrorKind::Timeout;
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
@@ -111,13 +115,14 @@ impl Ledger {
                 self.counters.errors += 1;
             }
             if flushed_at == 0 {
-                self.counters.record_verdict_times(timed, now_ticks, 1);
+                self.counters
+                    .record_verdict_times(timed, now_ticks, 1, span);
             } else {
                 first_verdicts += u64::from(timed != 0);
             }
         }
         self.counters
-            .record_verdict_times(flushed_at, now_ticks, first_verdicts);
+            .record_verdict_times(flushed_at, now_ticks, first_verdicts, span);
     }
 
     /// Applies one key's result from a call whose keys were flushed at
@@ -184,7 +189,7 @@ impl Ledger {
                 }
             }
             self.counters
-                .record_verdict_times(flushed_at, now_ticks, first_verdicts);
+                .record_verdict_times(flushed_at, now_ticks, first_verdicts, None);
         }
     }
 }

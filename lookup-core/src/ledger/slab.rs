@@ -109,6 +109,13 @@ impl<T, C: Copy + Default> Slab<T, C> {
         hot[slot as usize & (SEGMENT_LEN - 1)].as_ref()
     }
 
+    /// Where the entry at `slot` lives, without reading it (for a prefetch).
+    #[inline(always)]
+    pub(super) fn entry_ptr(&self, slot: Slot) -> Option<*const Option<T>> {
+        let hot = &self.segments.get(slot as usize >> SEGMENT_SHIFT)?.hot;
+        Some(hot.as_ptr().wrapping_add(slot as usize & (SEGMENT_LEN - 1)))
+    }
+
     #[inline(always)]
     pub(super) fn get_mut(&mut self, slot: Slot) -> Option<&mut T> {
         let hot = &mut self.segments.get_mut(slot as usize >> SEGMENT_SHIFT)?.hot;

@@ -1,7 +1,7 @@
 //! The tracked keys: one slab entry per key, found through a table of
 //! slots keyed by the key's precomputed hash; see the ledger's "Layout".
 
-use super::index::SlotIndex;
+use super::index::{SlotIndex, prefetch_line};
 use super::slab::{Slab, Slot};
 use crate::key::OffloadKey;
 use crate::verdict::LookupVerdict;
@@ -283,6 +283,26 @@ impl KeyTable {
     #[inline(always)]
     pub(super) fn find(&self, key: &OffloadKey) -> Option<Slot> {
         self.find_entry(key).map(|(slot, _)| slot)
+    }
+
+    /// Starts loading the index line a lookup of `key` reads first.
+    #[inline(always)]
+    pub(super) fn prefetch_index(&self, key: &OffloadKey) {
+        self.index.prefetch(key.prehash());
+    }
+
+    /// Starts loading the entry a lookup of `key` likely reads (the index
+    /// line is read: call [`prefetch_index`](Self::prefetch_index) some
+    /// keys before).
+    #[inline(always)]
+    pub(super) fn prefetch_entry(&self, key: &OffloadKey) {
+        if let Some(p) = self
+            .index
+            .likely_slot(key.prehash())
+            .and_then(|slot| self.slab.entry_ptr(slot))
+        {
+            prefetch_line(p.cast());
+        }
     }
 
     /// The key's slot and hot entry, read once.

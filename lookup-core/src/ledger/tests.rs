@@ -451,3 +451,100 @@ fn mark_present_forgets_an_orphan_in_flight() {
     );
     assert!(l.is_empty());
 }
+
+#[test]
+fn time_to_verdict_splits_into_queueing_round_trip_and_publication() {
+    let mut l = ledger();
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let a = ReqContext::new("a");
+    for i in [1u8, 2] {
+        l.lookup(&OffloadKey::new(&[i; 36]), &a, &mut LazyNow::at(t0))
+            .unwrap();
+    }
+    let mut calls = Vec::new();
+    l.flush_and_start(t0, &mut calls);
+    let call = calls.pop().expect("a's call");
+    // Flushed at 0; the call started at 2 ms, ended at 5 ms; applied at 9 ms.
+    l.complete_ended(
+        call.id,
+        CallOutcome::Answered(vec![true, false]),
+        ms(3),
+        t0 + ms(5),
+        t0 + ms(9),
+    );
+    let s = l.stats();
+    let ms_of = |x: crate::LatencySummary| (x.count, (x.max_us + 5) / 1000);
+    assert_eq!(ms_of(s.time_to_verdict), (2, 9));
+    assert_eq!(ms_of(s.verdict_queueing), (2, 2));
+    assert_eq!(ms_of(s.verdict_round_trip), (2, 3));
+    assert_eq!(ms_of(s.verdict_publication), (2, 4));
+    // Without the end instant (`complete`), only the total is recorded.
+    let b = ReqContext::new("b");
+    l.lookup(
+        &OffloadKey::new(&[3; 36]),
+        &b,
+        &mut LazyNow::at(t0 + ms(10)),
+    )
+    .unwrap();
+    let mut calls = Vec::new();
+    l.flush_and_start(t0 + ms(10), &mut calls);
+    let call = calls.pop().expect("b's call");
+    l.complete(
+        call.id,
+        CallOutcome::Answered(vec![true]),
+        ms(1),
+        t0 + ms(12),
+    );
+    let s = l.stats();
+    assert_eq!(s.time_to_verdict.count, 3);
+    assert_eq!(s.verdict_queueing.count, 2);
+}
+
+#[test]
+fn lookup_each_answers_as_lookup_does_on_long_and_short_lists() {
+    let mut l = ledger();
+    let now = Instant::now();
+    let ctx = ReqContext::new("a");
+    let keys: Vec<OffloadKey> = (0..300u32)
+        .map(|i| OffloadKey::new(&i.to_be_bytes().repeat(9)))
+        .collect();
+    // The first 200 resolved (even present, odd absent), the rest new.
+    for k in &keys[..200] {
+        l.lookup(k, &ctx, &mut LazyNow::at(now)).unwrap();
+    }
+    l.flush(now);
+    while let Some(call) = l.next_call(now) {
+        let found = call.keys.iter().map(|k| k.as_bytes()[3] % 2 == 0).collect();
+        l.complete(call.id, CallOutcome::Answered(found), Duration::ZERO, now);
+    }
+    for list in [&keys[..], &keys[190..210], &keys[..0]] {
+        let mut got = vec![None; list.len()];
+        l.lookup_each(list, &ctx, &mut LazyNow::at(now), |i, v| got[i] = Some(v))
+            .unwrap();
+        let want: Vec<_> = list
+            .iter()
+            .map(|k| Some(l.lookup(k, &ctx, &mut LazyNow::at(now)).unwrap()))
+            .collect();
+        assert_eq!(got, want, "a list of {} keys", list.len());
+    }
+    assert_eq!(
+        l.lookup(&keys[0], &ctx, &mut LazyNow::at(now)),
+        Ok(LookupVerdict::Hit)
+    );
+    assert_eq!(
+        l.lookup(&keys[1], &ctx, &mut LazyNow::at(now)),
+        Ok(LookupVerdict::Miss)
+    );
+    assert_eq!(
+        l.lookup(&keys[250], &ctx, &mut LazyNow::at(now)),
+        Ok(LookupVerdict::Pending)
+    );
+    // An invalid key stops the loop; the keys before it were answered.
+    let mut bad = keys[..100].to_vec();
+    bad[70] = OffloadKey::new(&[]);
+    let mut answered = 0;
+    let err = l.lookup_each(&bad, &ctx, &mut LazyNow::at(now), |_, _| answered += 1);
+    assert!(matches!(err, Err(LookupError::InvalidKey { len: 0, .. })));
+    assert_eq!(answered, 70);
+}

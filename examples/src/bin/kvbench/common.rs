@@ -43,6 +43,25 @@ pub(crate) fn resolve_all<T: kvtier_core::Tier>(
     }
 }
 
+/// The manager's time to verdict (from each key's flush to its verdict
+/// being applied) and its three parts: queueing (flush to the tier call's
+/// start: the hand-off to the worker, its wake-up, a free call slot), the
+/// round trip (the tier call) and publication (the call's end to the
+/// verdict being applied: the result's trip back and the scheduler's next
+/// poll). Each part's percentiles are its own; they need not add up.
+pub(crate) fn ttv_split(stats: &kvtier_core::ManagerStats) -> serde_json::Value {
+    let part = |s: kvtier_core::LatencySummary| {
+        serde_json::json!({ "count": s.count, "p50_us": s.p50_us, "p99_us": s.p99_us,
+                            "max_us": s.max_us, "mean_us": round3(s.mean_us) })
+    };
+    serde_json::json!({
+        "total": part(stats.time_to_verdict),
+        "queueing": part(stats.verdict_queueing),
+        "round_trip": part(stats.verdict_round_trip),
+        "publication": part(stats.verdict_publication),
+    })
+}
+
 pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -115,6 +134,19 @@ pub(crate) fn polled<T: kvtier_core::Tier>(
     steps: Vec<Step>,
     limit: Duration,
 ) -> Result<(Vec<f64>, u64), Failure> {
+    let mut sleeps = Vec::new();
+    polled_with_sleeps(m, steps, limit, &mut sleeps)
+}
+
+/// [`polled`], also pushing onto `sleeps` how long each 0.1 ms sleep between
+/// polls really took (µs): on a busy machine the scheduler's own wake-ups
+/// are part of the time to verdict.
+pub(crate) fn polled_with_sleeps<T: kvtier_core::Tier>(
+    m: &mut AsyncLookupManager<T>,
+    steps: Vec<Step>,
+    limit: Duration,
+    sleeps: &mut Vec<f64>,
+) -> Result<(Vec<f64>, u64), Failure> {
     let mut ttv = Vec::new();
     let mut verdict_errors = 0;
     for (ctx, keys, truth) in steps {
@@ -125,8 +157,10 @@ pub(crate) fn polled<T: kvtier_core::Tier>(
         m.flush();
         let mut pending: Vec<usize> = (0..keys.len()).collect();
         while !pending.is_empty() {
+            let slept = Instant::now();
             std::thread::sleep(Duration::from_micros(100));
             let now = Instant::now();
+            sleeps.push(micros(now - slept));
             let mut still = Vec::with_capacity(pending.len());
             for i in pending {
                 match m.lookup(&keys[i], &ctx)? {

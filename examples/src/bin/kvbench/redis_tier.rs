@@ -3,6 +3,7 @@
 //! raw redis-rs pipeline loop.
 
 mod baselines;
+mod cpu;
 mod pinning;
 
 use std::sync::Arc;
@@ -13,8 +14,11 @@ use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
 use serde_json::{Value, json};
 
 use self::baselines::{BenchKeys, host_port, matched_bench_keys, raw_redis_loop, redis_benchmark};
+use self::cpu::{CpuSample, CpuTally};
 use self::pinning::{Pinning, redis_server_pids};
-use crate::common::{Step, back_to_back, paired_ratio, polled, round3, unpark_me};
+use crate::common::{
+    Step, back_to_back, paired_ratio, polled_with_sleeps, round3, ttv_split, unpark_me,
+};
 use crate::{Cli, Failure};
 
 /// redis: the Redis tier through the manager. Preload 50,000 keys; steps of
@@ -88,6 +92,9 @@ fn w3_one(
         ..ManagerConfig::named(label)
     };
     let mut m = AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())?;
+    // The time-to-verdict run's own manager: its stats hold that run only.
+    let mut ttv_m =
+        AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())?;
     // The same with wider in-flight limits (32 steps, 64 calls instead of 8
     // and 32): more pipelines per server at once, which a cluster on 2 cores
     // needs to keep its servers busy.
@@ -158,6 +165,10 @@ fn w3_one(
     let mut raw_client = Vec::new();
     let mut wide_rates = Vec::new();
     let mut verdict_errors = 0;
+    // CPU time per key of the servers and of the client, ours (unpinned)
+    // and the matched baseline's.
+    let mut cpu_ours = CpuTally::default();
+    let mut cpu_matched = CpuTally::default();
     for round in 0..rounds {
         let steps: Vec<Step> = (0..throughput_steps)
             .map(|s| {
@@ -165,7 +176,9 @@ fn w3_one(
                 (ReqContext::new(format!("w3-{round}-{s}")), keys, truth)
             })
             .collect();
+        let before = CpuSample::now(&server_pids);
         let (keys_per_s, errors) = back_to_back(&mut m, &steps, Duration::from_secs(120))?;
+        cpu_ours.add(before, &server_pids, (steps.len() * STEP) as f64, false);
         rates.push(keys_per_s);
         verdict_errors += errors;
         let (keys_per_s, errors) = back_to_back(&mut wide, &steps, Duration::from_secs(120))?;
@@ -181,6 +194,7 @@ fn w3_one(
             &usual_keys,
             None,
         )?);
+        let before = CpuSample::now(&server_pids);
         matched.push(redis_benchmark(
             &host,
             port,
@@ -190,6 +204,7 @@ fn w3_one(
             &matched_keys,
             None,
         )?);
+        cpu_matched.add(before, &server_pids, n as f64, true);
         if cluster {
             one_connection.push(redis_benchmark(
                 &host,
@@ -250,8 +265,12 @@ fn w3_one(
             (ReqContext::new(format!("w3-ttv-{s}")), keys, truth)
         })
         .collect();
-    let (ttv, errors) = polled(&mut m, ttv_work, Duration::from_secs(30))?;
+    let mut sleeps = Vec::new();
+    let (ttv, errors) =
+        polled_with_sleeps(&mut ttv_m, ttv_work, Duration::from_secs(30), &mut sleeps)?;
     verdict_errors += errors;
+    let ttv_stats = ttv_m.stats();
+    ttv_m.shutdown();
     // Leave the server as it was (the run's names are unique to it).
     rt.block_on(kvtier_core::BlockStore::remove_many(
         tier.as_ref(),
@@ -283,10 +302,18 @@ fn w3_one(
         "lean_fallbacks": tier.pipeline_stats().fallbacks,
         "ttv_p50_us": round3(percentile(&ttv, 0.5)),
         "ttv_p99_us": round3(percentile(&ttv, 0.99)),
+        "ttv_split": ttv_split(&ttv_stats),
+        "ttv_poll_sleep_p50_us": round3(percentile(&sleeps, 0.5)),
+        "ttv_poll_sleep_p99_us": round3(percentile(&sleeps, 0.99)),
         "verdict_errors": verdict_errors,
-        "errors": stats.errors + stats.timeouts + wide_stats.errors + wide_stats.timeouts,
+        "errors": stats.errors + stats.timeouts + wide_stats.errors + wide_stats.timeouts
+            + ttv_stats.errors + ttv_stats.timeouts,
     });
     line["baseline_matched_keys_per_s"] = json!(matched_rate.round());
+    line["cpu"] = json!({ "ours": cpu_ours.json(), "matched_baseline": cpu_matched.json() });
+    line["params"]["cpu"] = json!(
+        "CPU time from /proc/PID/stat over the unpinned runs: the servers' and the client's (this process; redis-benchmark for the baseline) per key, and the cores busy on average"
+    );
     line["ratio_vs_matched"] = json!(round3(matched_ratio));
     line["params"]["matched_baseline"] = json!(format!(
         "redis-benchmark EXISTS {} -r {}: names as long as the tier's, half of them present",
