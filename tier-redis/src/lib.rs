@@ -102,6 +102,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+mod batch;
 mod cluster;
 mod config;
 mod connection;
