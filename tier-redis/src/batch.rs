@@ -9,7 +9,8 @@
 //! a shard at once. Each reply answers its own key: an error reply fails
 //! that key only, a chunk whose pipeline failed (a connection lost, a
 //! timeout) fails its keys only, and on a cluster those keys are asked
-//! again one command each, the client following MOVED / ASK. Each
+//! again one command each, the client following MOVED / ASK (not after a
+//! timeout: a silent server fails its keys within one timeout). Each
 //! pipeline, and each command asked again, is bounded by the response
 //! timeout plus the connect timeout from when it starts, so a batch of any
 //! size can finish while a silent server fails only its own keys.
@@ -222,8 +223,14 @@ impl RedisTier {
         // Keys asked again one command each (cluster only): index in the
         // shard, position in the batch.
         let mut again: Vec<(usize, usize)> = Vec::new();
+        // A silent server (a timeout) is not asked again: its keys fail
+        // within one timeout, not one per key.
         let asks_again = |e: &RedisTierError| {
-            target.follows_redirects() && !matches!(e, RedisTierError::UnexpectedReply { .. })
+            target.follows_redirects()
+                && !matches!(
+                    e,
+                    RedisTierError::UnexpectedReply { .. } | RedisTierError::Timeout { .. }
+                )
         };
         while let Some((first, chunk, replies)) = answers.next().await {
             match replies {
