@@ -116,23 +116,36 @@ impl Connection {
         pipe: Pipeline,
         replies: usize,
     ) -> RedisResult<Vec<Value>> {
-        let values = match &self.backend {
-            Backend::Single(single) => {
-                let mut conn = single.connection(&self.io).await?;
-                self.io
-                    .run(async move { conn.req_packed_commands(&pipe, 0, replies).await })
-                    .await?
-            }
-            Backend::Cluster(cluster) => {
-                cluster
-                    .pipeline(&self.io, target.route.unwrap_or(0), pipe, replies)
-                    .await?
-            }
-        };
+        let values = self.pipeline_replies(target, pipe, replies).await?;
         match Value::Array(values).extract_error()? {
             Value::Array(values) => Ok(values),
             // extract_error keeps the shape it was given.
             other => Ok(vec![other]),
+        }
+    }
+
+    /// Sends `pipe` (of `replies` commands) to `target`; its replies as
+    /// they came, an error reply to one command
+    /// ([`Value::ServerError`]) kept in its place for the caller to answer
+    /// per command.
+    pub(crate) async fn pipeline_replies(
+        &self,
+        target: &Target,
+        pipe: Pipeline,
+        replies: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match &self.backend {
+            Backend::Single(single) => {
+                let mut conn = single.connection(&self.io).await?;
+                self.io
+                    .run(async move { conn.req_packed_commands(&pipe, 0, replies).await })
+                    .await
+            }
+            Backend::Cluster(cluster) => {
+                cluster
+                    .pipeline(&self.io, target.route.unwrap_or(0), pipe, replies)
+                    .await
+            }
         }
     }
 

@@ -43,14 +43,18 @@
 //! - **One store interface.** Blocks are stored, loaded and removed through
 //!   [`BlockStore`](kvtier_core::BlockStore): `SET` (with `PX` when [`RedisConfig::ttl_ms`] is set),
 //!   `GET` and `DEL`, and the batched forms in one pipeline per chunk (per
-//!   master on a cluster; `MGET` on a single server). Redis-only extras: [`RedisTier::store_nx`],
+//!   master on a cluster; `MGET` on a single server). The in-place batch
+//!   forms (`store_batch`, `load_batch`) pipeline `SET` / `GET` per master
+//!   in chunks of at most 8 MiB, copy each `GET` payload into its region,
+//!   and answer each key on its own: an error reply, a failed chunk or a
+//!   master down fails only its keys. Redis-only extras: [`RedisTier::store_nx`],
 //!   [`RedisTier::exists_many`], [`RedisTier::ping`].
 //!
 //! Files: `config.rs` ([`RedisConfig`], its URL checks), `error.rs`
 //! ([`RedisTierError`], classified with the client's predicates),
 //! `tier.rs` ([`RedisTier`] and its constructors), `pipeline.rs` (commands,
 //! pipelines per shard, deadlines), `lookup.rs` (EXISTS), `store.rs` (SET,
-//! GET, DEL), `reply.rs` (what replies mean, pure functions), `io.rs` (the
+//! GET, DEL), `batch.rs` (the in-place batch forms, one outcome per key), `reply.rs` (what replies mean, pure functions), `io.rs` (the
 //! runtime connections run on), `connection.rs` (one connection type over
 //! a server or a cluster), `cluster.rs` (the slot map), `route.rs` (shards
 //! and their targets), `lean.rs` (the lean EXISTS path), `slot.rs` (key
@@ -102,6 +106,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+mod batch;
 mod cluster;
 mod config;
 mod connection;

@@ -150,7 +150,7 @@ impl RedisTier {
     }
 
     /// Bounds a whole operation by the response timeout (plus the connect
-    /// timeout), whatever the client's retries do.
+    /// timeout) from its first poll, whatever the client's retries do.
     pub(crate) async fn bounded<T>(
         &self,
         op: &'static str,
@@ -198,7 +198,7 @@ impl RedisTier {
         RedisTierError::classify(&self.endpoint, op, e)
     }
 
-    fn conn_err(&self, op: &'static str, e: ConnError) -> RedisTierError {
+    pub(crate) fn conn_err(&self, op: &'static str, e: ConnError) -> RedisTierError {
         match e {
             ConnError::Client(e) => self.err(op, e),
             ConnError::Reply(detail) => self.unexpected(op, &detail),

@@ -1,7 +1,7 @@
 //! Stores: [`BlockStore`] for [`RedisTier`] (`SET`, `GET` / `MGET`,
 //! `DEL`, one pipeline per chunk of each shard) and `SET NX`.
 
-use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, TierError};
+use kvtier_core::{BlockOutcome, BlockStore, ManagerConfig, OffloadKey, TierError};
 use redis::{Pipeline, Value};
 
 use crate::error::Result;
@@ -23,7 +23,7 @@ impl RedisTier {
     }
 
     /// `SET <prefix><key> <payload>`, with `PX` when a TTL is configured.
-    fn set_cmd(&self, key: &OffloadKey, payload: &[u8]) -> redis::Cmd {
+    pub(crate) fn set_cmd(&self, key: &OffloadKey, payload: &[u8]) -> redis::Cmd {
         let mut cmd = self.key_cmd("SET", key);
         cmd.arg(payload);
         if let Some(ttl) = self.config.ttl_ms {
@@ -172,6 +172,17 @@ impl BlockStore for RedisTier {
         )
         .await?;
         Ok(())
+    }
+
+    /// Pipelined `SET`s, one outcome per key; see the crate docs.
+    async fn store_batch(&self, blocks: &[(&OffloadKey, &[u8])]) -> Vec<BlockOutcome> {
+        self.store_blocks(blocks).await
+    }
+
+    /// Pipelined `GET`s, each payload copied into its region; see the
+    /// crate docs.
+    async fn load_batch(&self, regions: &mut [(&OffloadKey, &mut [u8])]) -> Vec<BlockOutcome> {
+        self.load_blocks(regions).await
     }
 
     /// Named `redis` unless `config` names it.

@@ -39,3 +39,20 @@ async fn conformance_cluster() {
     };
     testkit::run_all(&fixture(config)).await;
 }
+
+#[tokio::test]
+async fn conformance_tls() {
+    let Some(url) = support::service("KVTIER_REDIS_TLS_URL", "conformance_tls") else {
+        return;
+    };
+    let Some(ca) = support::service("KVTIER_REDIS_TLS_CA", "conformance_tls") else {
+        return;
+    };
+    let config = RedisConfig {
+        key_prefix: "kvtier-conformance-tls:".into(),
+        tls_ca_cert: Some(ca.into()),
+        pipeline_chunk: 64,
+        ..RedisConfig::from_url(url)
+    };
+    testkit::run_all(&fixture(config)).await;
+}

@@ -38,7 +38,8 @@
 //!   later lookups wait on.
 //! - **One interface.** Blocks are stored, loaded and removed through
 //!   [`BlockStore`](kvtier_core::BlockStore) (batched forms run concurrent
-//!   requests); lookups are [`Tier::batch_lookup`](kvtier_core::Tier), or
+//!   requests; `load_batch` streams each body into its region, and answers
+//!   each key on its own); lookups are [`Tier::batch_lookup`](kvtier_core::Tier), or
 //!   [`S3Tier::exists_many`] for the typed error.
 //! - **Build.** The SDK is built without `sigv4a`; HTTPS (rustls) stays on.
 //!
@@ -47,7 +48,7 @@
 //! status and error code), `client.rs` (the SDK client), `endpoint.rs` (the SDK's
 //! endpoint resolver, its answers kept), `logs.rs` (what the SDK may
 //! log), `requests.rs` (the S3 requests, their limits and the bucket
-//! check), `tier.rs` ([`S3Tier`]: each call one task on the I/O runtime).
+//! check), `batch.rs` (the in-place batch forms), `tier.rs` ([`S3Tier`]: each call one task on the I/O runtime).
 //!
 //! The client is made by [`S3Tier::new`], which reads credentials from the
 //! configuration or from the standard AWS chain (environment, profile,
@@ -87,6 +88,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::unwrap_used)]
 
+mod batch;
 mod client;
 mod config;
 mod endpoint;

@@ -14,7 +14,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures_util::StreamExt;
 use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use kvtier_core::OffloadKey;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::error::{self, ErrorContext, ResponseClass, classify_response};
 use crate::logs::SdkLogs;
@@ -346,6 +346,63 @@ impl Requests {
         }
     }
 
+    /// GetObject, its body sent to `out` as it arrives, on the tier's I/O
+    /// runtime, bounded by `request_timeout_ms` as a whole: first
+    /// [`Fetched::Missing`] or [`Fetched::Found`], then the body's chunks;
+    /// an error ends it. Stops as soon as `out`'s reader is gone.
+    pub(crate) async fn get_streamed(&self, key: &OffloadKey, out: &mpsc::Sender<Result<Fetched>>) {
+        let limit = Duration::from_millis(self.config.request_timeout_ms);
+        let failed = match tokio::time::timeout(limit, self.get_chunks(key, out)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => S3TierError::Timeout {
+                bucket: self.config.bucket.clone(),
+                endpoint: self.endpoint.clone(),
+                op: "GetObject body",
+            },
+        };
+        let _ = out.send(Err(failed)).await;
+    }
+
+    async fn get_chunks(
+        &self,
+        key: &OffloadKey,
+        out: &mpsc::Sender<Result<Fetched>>,
+    ) -> Result<()> {
+        const OP: &str = "GetObject";
+        self.check_bucket().await?;
+        let _slot = self.slot(&self.limit, OP).await?;
+        let request = self
+            .client
+            .get_object()
+            .bucket(&self.config.bucket)
+            .key(self.object_name(key));
+        let mut object = match request.send().await {
+            Ok(object) => object,
+            Err(e) if response_class(&e) == Some(ResponseClass::NotFound) => {
+                let _ = out.send(Ok(Fetched::Missing)).await;
+                return Ok(());
+            }
+            Err(e) => return Err(self.classify(OP, &e)),
+        };
+        let len = object.content_length().and_then(|n| u64::try_from(n).ok());
+        if out.send(Ok(Fetched::Found(len))).await.is_err() {
+            return Ok(());
+        }
+        while let Some(chunk) = object.body.next().await {
+            let chunk = chunk.map_err(|e| S3TierError::Unavailable {
+                bucket: self.config.bucket.clone(),
+                endpoint: self.endpoint.clone(),
+                op: "GetObject body",
+                detail: e.to_string(),
+            })?;
+            if out.send(Ok(Fetched::Chunk(chunk))).await.is_err() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     /// DeleteObject; a missing object is not an error (some servers answer
     /// 404 where AWS answers 204).
     pub(crate) async fn delete(&self, key: &OffloadKey) -> Result<()> {
@@ -392,6 +449,18 @@ impl Requests {
         .await?;
         Ok(())
     }
+}
+
+/// What [`Requests::get_streamed`] sends, in order.
+#[derive(Debug)]
+pub(crate) enum Fetched {
+    /// No such object (nothing follows).
+    Missing,
+    /// The object, with its length when the server gave one; its body's
+    /// chunks follow.
+    Found(Option<u64>),
+    /// The next chunk of the body.
+    Chunk(bytes::Bytes),
 }
 
 /// Runs the futures of `requests`, at most `limit` at once, and collects

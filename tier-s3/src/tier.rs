@@ -18,7 +18,9 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use kvtier_core::{BlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier, TierError};
+use kvtier_core::{
+    BlockOutcome, BlockStore, ManagerConfig, OffloadKey, ReqContext, Spawner, Tier, TierError,
+};
 
 use crate::config::redact_endpoint;
 use crate::logs::SdkLogs;
@@ -27,10 +29,10 @@ use crate::{S3Config, S3TierError, client};
 
 /// An S3 tier; see the crate documentation.
 pub struct S3Tier {
-    requests: Arc<Requests>,
+    pub(crate) requests: Arc<Requests>,
     /// Where every call runs (see the module docs); a clone, which keeps a
     /// dedicated runtime alive as long as the tier.
-    io: Spawner,
+    pub(crate) io: Spawner,
 }
 
 impl fmt::Debug for S3Tier {
@@ -214,7 +216,7 @@ fn endpoint_shown(config: &S3Config) -> String {
 
 /// A call that did not finish on the I/O runtime: the runtime (the
 /// caller's, for [`S3Tier::with_spawner`]) shut down, or the call panicked.
-fn runtime_failed(
+pub(crate) fn runtime_failed(
     config: &S3Config,
     endpoint: &str,
     op: &'static str,
@@ -291,6 +293,18 @@ impl BlockStore for S3Tier {
                 |r| async move { r.remove_many(&keys).await },
             )
             .await?)
+    }
+
+    /// One PutObject per block, at most `max_concurrent_requests` at once,
+    /// one outcome per key; see the crate docs.
+    async fn store_batch(&self, blocks: &[(&OffloadKey, &[u8])]) -> Vec<BlockOutcome> {
+        self.store_blocks(blocks).await
+    }
+
+    /// One GetObject per key, at most `max_concurrent_requests` at once,
+    /// each body streamed into its region; see the crate docs.
+    async fn load_batch(&self, regions: &mut [(&OffloadKey, &mut [u8])]) -> Vec<BlockOutcome> {
+        self.load_blocks(regions).await
     }
 
     /// Named `s3` unless `config` names it.
