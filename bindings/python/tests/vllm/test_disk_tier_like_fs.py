@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
 from vllm_harness import GUARD, NumpyRegion, make_spec, require_vllm
 
 require_vllm()
 
+import numpy as np  # noqa: E402  (after the skip: the plain venv has no numpy)
 from kvtier_tiers import key, remove_behind_its_back, require_job_api  # noqa: E402
 
 require_job_api()
