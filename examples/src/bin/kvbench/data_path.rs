@@ -4,9 +4,10 @@
 //! same bytes.
 //!
 //! A tier is a [`DataPathTier`]: it opens the store the queue runs on and
-//! runs its raw baseline. Only the disk tier is here; Redis and S3 rows
-//! implement the trait the same way (their baselines: a raw redis-rs
-//! pipeline, a raw aws-sdk-s3 loop at the same concurrency).
+//! runs its raw baseline. The disk tier is here; the Redis and S3 rows are
+//! in `data_path/remote.rs` (their baselines: a raw redis-rs pipeline per
+//! job, a raw aws-sdk-s3 loop at the same concurrency). `--tiers` picks
+//! them (default every tier; Redis and S3 need their servers).
 
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -23,6 +24,8 @@ use kvtier_disk::{DiskConfig, DiskTier, FsyncPolicy};
 use serde_json::{Value, json};
 
 use crate::common::{paired_ratio, round3};
+
+mod remote;
 use crate::{Cli, Failure};
 
 /// The block sizes of every tier's rows: 256 KiB and 2 MiB (a Llama-3-8B
@@ -34,10 +37,22 @@ const JOB_BYTES: usize = 32 << 20;
 
 /// data-path (w6): one row per tier and block size; see the module docs.
 pub(crate) fn data_path(cli: &Cli) -> Result<Vec<Value>, Failure> {
+    let tiers = std::env::var("KVBENCH_W6_TIERS").unwrap_or_else(|_| "disk,redis,s3".to_owned());
     let mut lines = Vec::new();
-    for block_bytes in BLOCK_SIZES {
-        let mut disk = Disk::new(cli)?;
-        lines.push(row(cli, &mut disk, block_bytes)?);
+    for name in tiers.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        for block_bytes in BLOCK_SIZES {
+            let mut tier: Box<dyn DataPathTier> = match name {
+                "disk" => Box::new(Disk::new(cli)?),
+                "redis" => Box::new(remote::Redis::new()?),
+                "s3" => Box::new(remote::S3::new()?),
+                other => {
+                    return Err(
+                        format!("KVBENCH_W6_TIERS: no tier {other:?} (disk, redis, s3)").into(),
+                    );
+                }
+            };
+            lines.push(row(cli, tier.as_mut(), block_bytes)?);
+        }
     }
     Ok(lines)
 }
@@ -54,7 +69,11 @@ trait DataPathTier {
     fn concurrency(&self) -> usize;
     /// A fresh store for one round (empty, or with keys unique to it),
     /// and whatever the round's baseline needs.
-    fn open(&mut self, round: usize) -> Result<Arc<dyn DynBlockStore>, Failure>;
+    fn open(
+        &mut self,
+        round: usize,
+        keys: &[OffloadKey],
+    ) -> Result<Arc<dyn DynBlockStore>, Failure>;
     /// Ends a round: closes the store and frees what it and the baseline
     /// used.
     fn close(&mut self) -> Result<(), Failure>;
@@ -251,7 +270,8 @@ fn row(cli: &Cli, tier: &mut dyn DataPathTier, block_bytes: usize) -> Result<Val
     // slower on this machine, for the queue's side more than the raw one.
     let warm_up = usize::from(!cli.quick);
     for round in 0..rounds + warm_up {
-        let queue = TransferQueue::from_dyn(tier.open(round)?, config.clone(), &spawner)?;
+        let queue =
+            TransferQueue::from_dyn(tier.open(round, &blocks.keys)?, config.clone(), &spawner)?;
         for load_pass in [false, true] {
             settle();
             let (mut ours, mut raw) = (0.0, 0.0);
@@ -371,7 +391,11 @@ impl DataPathTier for Disk {
         1
     }
 
-    fn open(&mut self, _round: usize) -> Result<Arc<dyn DynBlockStore>, Failure> {
+    fn open(
+        &mut self,
+        _round: usize,
+        _keys: &[OffloadKey],
+    ) -> Result<Arc<dyn DynBlockStore>, Failure> {
         let dir = self.fresh_dir("kvbench-w6-disk")?;
         let tier = Arc::new(DiskTier::open(DiskConfig {
             capacity_bytes: 8 << 30,
