@@ -35,7 +35,7 @@ mod fault;
 mod mem_store;
 pub use batch::{
     CANARY, batch_absent_keys, batch_duplicates, batch_empty, batch_forms, batch_round_trip,
-    batch_wrong_length_regions, block_of,
+    batch_wrong_length_regions, block_of, load_regions, store_pairs,
 };
 pub use fault::{CallRecord, FaultConfig, FaultOutcome, FaultTier, RequestFault};
 pub use mem_store::MemStore;

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::process::Command;
 use std::sync::Arc;
 
-use kvtier_core::testkit::{block_of, unique_keys};
+use kvtier_core::testkit::{self, block_of, unique_keys};
 use kvtier_core::{BlockOutcome, BlockStore, OffloadKey, TierErrorKind};
 use kvtier_redis::{RedisConfig, RedisTier, key_slot};
 use support::PrivateCluster;
@@ -24,10 +24,6 @@ static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const
 
 const PREFIX: &str = "kvtier-batch:";
 
-fn store_args(blocks: &[(OffloadKey, Vec<u8>)]) -> Vec<(&OffloadKey, &[u8])> {
-    blocks.iter().map(|(k, b)| (k, b.as_slice())).collect()
-}
-
 /// Blocks of `len` bytes for `keys`.
 fn blocks(keys: &[OffloadKey], len: usize) -> Vec<(OffloadKey, Vec<u8>)> {
     keys.iter().map(|k| (k.clone(), block_of(k, len))).collect()
@@ -39,17 +35,7 @@ async fn load(
     keys: &[OffloadKey],
     len: usize,
 ) -> (Vec<BlockOutcome>, Vec<Vec<u8>>) {
-    let mut regions: Vec<Vec<u8>> = keys.iter().map(|_| vec![0xEE; len]).collect();
-    let outcomes = {
-        let mut batch: Vec<(&OffloadKey, &mut [u8])> = keys
-            .iter()
-            .zip(regions.iter_mut())
-            .map(|(k, r)| (k, r.as_mut_slice()))
-            .collect();
-        tier.load_batch(&mut batch).await
-    };
-    assert_eq!(outcomes.len(), keys.len());
-    (outcomes, regions)
+    testkit::load_regions(tier, keys, &vec![len; keys.len()], 0xEE).await
 }
 
 fn redis_cli(port: u16, args: &[&str]) -> String {
@@ -78,7 +64,7 @@ async fn absent_and_removed_keys_answer_absent_the_rest_load() {
     let other = RedisTier::new(config).unwrap();
     let keys = unique_keys(12, 36);
     let stored = blocks(&keys[..8], 300_001);
-    let outcomes = tier.store_batch(&store_args(&stored)).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&stored)).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
     // Removed behind the tier's back: by another client.
     other.remove(&keys[2]).await.unwrap();
@@ -117,7 +103,7 @@ async fn batch_stores_keep_the_prefix_and_the_ttl() {
     .unwrap();
     let keys = unique_keys(3, 36);
     let stored = blocks(&keys, 4097);
-    let outcomes = tier.store_batch(&store_args(&stored)).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&stored)).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
     // A raw client sees the names and their time to live.
     let mut raw = redis::Client::open(url.as_str())
@@ -252,12 +238,12 @@ async fn a_killed_cluster_master_fails_exactly_its_own_keys() {
         "keys on every master"
     );
     let before = blocks(&keys[..24], 65_537);
-    let outcomes = tier.store_batch(&store_args(&before)).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&before)).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
 
     cluster.cluster.nodes[1].kill();
     let after = blocks(&keys[24..], 65_537);
-    let outcomes = tier.store_batch(&store_args(&after)).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&after)).await;
     only_the_down_node_fails(&outcomes, &owners[24..], 1, "store");
     let (outcomes, regions) = load(&tier, &keys, 65_537).await;
     only_the_down_node_fails(&outcomes, &owners, 1, "load");
@@ -293,7 +279,7 @@ async fn a_stopped_cluster_master_fails_exactly_its_own_keys() {
     let batch = {
         let tier = Arc::clone(&tier);
         let stored = stored.clone();
-        tokio::spawn(async move { tier.store_batch(&store_args(&stored)).await })
+        tokio::spawn(async move { tier.store_batch(&testkit::store_pairs(&stored)).await })
     };
     assert!(
         Command::new("kill")
@@ -371,7 +357,7 @@ async fn many_keys_over_every_master_round_trip() {
         .enumerate()
         .map(|(i, k)| (k.clone(), block_of(k, 1 + i * 37)))
         .collect();
-    let outcomes = tier.store_batch(&store_args(&stored)).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&stored)).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done));
     let mut regions: Vec<Vec<u8>> = stored
         .iter()

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use kvtier_core::testkit::{block_of, unique_keys};
+use kvtier_core::testkit::{self, block_of, unique_keys};
 use kvtier_core::{BlockOutcome, BlockStore, OffloadKey, TierErrorKind};
 use kvtier_s3::{S3Config, S3Tier};
 use kvtier_test_services::{self as support, PrivateServer};
@@ -21,27 +21,13 @@ fn config(test: &str) -> Option<S3Config> {
     })
 }
 
-fn store_args(blocks: &[(OffloadKey, Vec<u8>)]) -> Vec<(&OffloadKey, &[u8])> {
-    blocks.iter().map(|(k, b)| (k, b.as_slice())).collect()
-}
-
 /// Loads `keys` into regions of the given lengths, filled with 0xEE first.
 async fn load(
     tier: &S3Tier,
     keys: &[OffloadKey],
     lens: &[usize],
 ) -> (Vec<BlockOutcome>, Vec<Vec<u8>>) {
-    let mut regions: Vec<Vec<u8>> = lens.iter().map(|&len| vec![0xEE; len]).collect();
-    let outcomes = {
-        let mut batch: Vec<(&OffloadKey, &mut [u8])> = keys
-            .iter()
-            .zip(regions.iter_mut())
-            .map(|(k, r)| (k, r.as_mut_slice()))
-            .collect();
-        tier.load_batch(&mut batch).await
-    };
-    assert_eq!(outcomes.len(), keys.len());
-    (outcomes, regions)
+    testkit::load_regions(tier, keys, lens, 0xEE).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,7 +44,7 @@ async fn objects_deleted_or_replaced_behind_the_tiers_back() {
         .zip(lens)
         .map(|(k, len)| (k.clone(), block_of(k, len)))
         .collect();
-    let outcomes = tier.store_batch(&store_args(&stored)).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&stored)).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
     // Behind the tier's back: two objects deleted, one replaced by a block
     // of another length.
@@ -109,7 +95,7 @@ async fn a_batch_larger_than_the_limit_round_trips_within_it() {
         .enumerate()
         .map(|(i, k)| (k.clone(), block_of(k, 1 + i * 4099)))
         .collect();
-    let outcomes = tier.store_batch(&store_args(&stored)).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&stored)).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
     let lens: Vec<usize> = stored.iter().map(|(_, b)| b.len()).collect();
     let (outcomes, regions) = load(&tier, &keys, &lens).await;
@@ -152,12 +138,12 @@ async fn a_killed_server_fails_every_key_and_the_tier_recovers() {
         .iter()
         .map(|k| (k.clone(), block_of(k, 100_003)))
         .collect();
-    let outcomes = tier.store_batch(&store_args(&stored[..4])).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&stored[..4])).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
 
     server.kill();
     let started = std::time::Instant::now();
-    let outcomes = tier.store_batch(&store_args(&stored[4..])).await;
+    let outcomes = tier.store_batch(&testkit::store_pairs(&stored[4..])).await;
     let (loaded, _) = load(&tier, &keys[..4], &[100_003; 4]).await;
     for (i, outcome) in outcomes.iter().chain(&loaded).enumerate() {
         let err = outcome

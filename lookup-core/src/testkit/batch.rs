@@ -90,9 +90,36 @@ impl Regions {
     }
 }
 
+/// `(key, block)` pairs borrowed from owned blocks, as `store_batch` takes
+/// them.
+pub fn store_pairs(blocks: &[(OffloadKey, Vec<u8>)]) -> Vec<(&OffloadKey, &[u8])> {
+    blocks.iter().map(|(k, b)| (k, b.as_slice())).collect()
+}
+
+/// Loads `keys` with `load_batch` into fresh regions of `lens` bytes, each
+/// filled with `fill` first; checks that there is one outcome per key.
+pub async fn load_regions<S: BlockStore>(
+    tier: &S,
+    keys: &[OffloadKey],
+    lens: &[usize],
+    fill: u8,
+) -> (Vec<BlockOutcome>, Vec<Vec<u8>>) {
+    let mut regions: Vec<Vec<u8>> = lens.iter().map(|&len| vec![fill; len]).collect();
+    let outcomes = {
+        let mut batch: Vec<(&OffloadKey, &mut [u8])> = keys
+            .iter()
+            .zip(regions.iter_mut())
+            .map(|(k, r)| (k, r.as_mut_slice()))
+            .collect();
+        tier.load_batch(&mut batch).await
+    };
+    assert_eq!(outcomes.len(), keys.len(), "one outcome per key");
+    (outcomes, regions)
+}
+
 async fn store_all<S: BlockStore>(fixture: &Fixture<S>, blocks: &[(OffloadKey, Vec<u8>)]) {
     let name = fixture.name();
-    let batch: Vec<(&OffloadKey, &[u8])> = blocks.iter().map(|(k, b)| (k, b.as_slice())).collect();
+    let batch = store_pairs(blocks);
     let outcomes = fixture.tier().store_batch(&batch).await;
     assert_eq!(
         outcomes.len(),
