@@ -9,7 +9,7 @@ use std::io::IoSlice;
 use kvtier_core::{BlockOutcome, OffloadKey, TierError};
 
 use crate::error::DiskError;
-use crate::format::{self, Location, RECORD_HEADER_SIZE, RECORD_PADDING};
+use crate::format::{self, GAP_ZEROS, Location, RECORD_HEADER_SIZE, RECORD_PADDING};
 use crate::{DiskTier, Writer, segment_name, vectored};
 
 /// What a batch store did with each key: stored, or failed with one of
@@ -99,9 +99,15 @@ impl DiskTier {
         let mut failure = None;
         for (j, &i) in todo.iter().enumerate() {
             let (key, payload) = blocks[i];
-            let record_len = format::record_size(self.config.key_len, payload.len());
-            let len = record_len as u64;
-            if writer.active_len > 0 && writer.active_len + len > self.config.segment_bytes {
+            let key_len = self.config.key_len;
+            let size_at = |offset| {
+                let gap = format::payload_gap(offset, key_len);
+                (gap, format::record_size(key_len, gap, payload.len()))
+            };
+            let (mut gap, mut record_len) = size_at(writer.active_len);
+            if writer.active_len > 0
+                && writer.active_len + record_len as u64 > self.config.segment_bytes
+            {
                 let pending = &heads[run * head_len..j * head_len];
                 if let Err(err) =
                     self.write_run(writer, &placed[run..], pending, blocks, run_offset)
@@ -114,7 +120,9 @@ impl DiskTier {
                     return (placed, Some(err));
                 }
                 run_offset = 0;
+                (gap, record_len) = size_at(0);
             }
+            let len = record_len as u64;
             while writer.total_bytes + len > self.config.capacity_bytes && writer.segments.len() > 1
             {
                 if let Err(err) = self.evict_oldest(writer) {
@@ -130,6 +138,7 @@ impl DiskTier {
                 &mut heads[j * head_len..(j + 1) * head_len],
                 format::KIND_PUT,
                 key.as_bytes(),
+                gap as u32,
                 payload.len() as u32,
                 payload_crc,
             );
@@ -141,6 +150,7 @@ impl DiskTier {
                     payload_len: payload.len() as u32,
                     payload_crc,
                     record_len: record_len as u32,
+                    gap: gap as u32,
                 },
             });
             writer.active_len += len;
@@ -173,11 +183,15 @@ impl DiskTier {
             return Ok(());
         }
         let head_len = RECORD_HEADER_SIZE + self.config.key_len;
-        let mut slices = Vec::with_capacity(3 * run.len());
+        let mut slices = Vec::with_capacity(4 * run.len());
         for (record, head) in run.iter().zip(heads.chunks_exact(head_len)) {
             let payload = blocks[record.block].1;
-            let padding = record.location.record_len as usize - head_len - payload.len();
+            let gap = record.location.gap as usize;
+            let padding = record.location.record_len as usize - head_len - gap - payload.len();
             slices.push(IoSlice::new(head));
+            if gap > 0 {
+                slices.push(IoSlice::new(&GAP_ZEROS[..gap]));
+            }
             slices.push(IoSlice::new(payload));
             if padding > 0 {
                 slices.push(IoSlice::new(&RECORD_PADDING[..padding]));

@@ -71,6 +71,7 @@ impl Index {
                 reason: format!("an index of {slots} slots is more than 2^40"),
             })?;
         let header = IndexHeader {
+            version: format::INDEX_VERSION,
             key_len: key_len as u32,
             slot_count,
             created_unix: SystemTime::now()
@@ -152,6 +153,24 @@ impl Index {
                 need: header.file_size().unwrap_or(u64::MAX) as usize,
                 got: len as usize,
             }));
+        }
+        let mut map = map;
+        let mut header = header;
+        if header.version < format::INDEX_VERSION {
+            // Slots of an older version are valid as they are (see the
+            // format's versions); the header says the new one from now on,
+            // before this build appends a record an older build would
+            // misread.
+            tracing::info!(
+                path = %path.display(),
+                from = header.version,
+                to = format::INDEX_VERSION,
+                "upgrading the index format"
+            );
+            header.version = format::INDEX_VERSION;
+            header.encode(&mut map[..HEADER_SIZE]);
+            map.flush_range(0, HEADER_SIZE)
+                .map_err(|e| fatal("upgrade index header", e))?;
         }
         let mut counters = Counters::parse(&map[..HEADER_SIZE]).map_err(OpenFailure::Corrupt)?;
         // The counters carry no checksum: bound them, and recount (as after
@@ -657,6 +676,7 @@ mod tests {
             payload_len: 1,
             payload_crc: 0,
             record_len: 48,
+            gap: 0,
         }
     }
 

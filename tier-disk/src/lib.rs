@@ -7,7 +7,10 @@
 //!   full, so a lookup never says "present" for a key that was not stored.
 //! - **Payloads go to append-only segments.** Each record describes itself
 //!   (key, length, checksums), so a lost or corrupt index is rebuilt from
-//!   the segments.
+//!   the segments. Each payload starts at a multiple of 64 bytes in its
+//!   segment, so copies between the page cache and a caller's rows run
+//!   aligned (the format is versioned: this build reads and upgrades the
+//!   directories of earlier builds, `tests/format_v1.rs`).
 //! - **Bounded.** Past `capacity_bytes`, whole oldest segments are evicted
 //!   (FIFO by write time). Their slots stop counting at once and are then
 //!   cleared. The index rehashes into a new file (atomic rename) past a 70 %

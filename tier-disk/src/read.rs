@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use kvtier_core::{BlockOutcome, LengthMismatch, OffloadKey};
 
 use crate::error::{DiskError, FormatError};
-use crate::format::{self, Location, RECORD_HEADER_SIZE};
+use crate::format::{self, Location, MAX_GAP, RECORD_HEADER_SIZE};
 use crate::{DiskTier, lock, segment_name, vectored};
 
 impl DiskTier {
@@ -76,7 +76,7 @@ impl DiskTier {
         regions: &mut [(&OffloadKey, &mut [u8])],
     ) -> Vec<BlockOutcome> {
         let locations = self.locations(regions.iter().map(|(key, _)| *key));
-        let mut head = vec![0u8; RECORD_HEADER_SIZE + self.config.key_len];
+        let mut head = vec![0u8; RECORD_HEADER_SIZE + self.config.key_len + MAX_GAP];
         regions
             .iter_mut()
             .zip(locations)
@@ -123,7 +123,7 @@ impl DiskTier {
         key: &OffloadKey,
         location: &Location,
     ) -> Result<Option<Vec<u8>>, DiskError> {
-        let mut head = vec![0u8; RECORD_HEADER_SIZE + self.config.key_len];
+        let mut head = vec![0u8; RECORD_HEADER_SIZE + self.config.key_len + MAX_GAP];
         let mut payload = vec![0u8; location.payload_len as usize];
         Ok(self
             .read_record_into(key, location, &mut head, &mut payload)?
@@ -131,7 +131,8 @@ impl DiskTier {
     }
 
     /// Reads the record the index says `key` has at `location`: its head
-    /// into `head` (`RECORD_HEADER_SIZE + key_len` bytes) and its payload
+    /// and gap into `head` (`RECORD_HEADER_SIZE + key_len + MAX_GAP` bytes,
+    /// the gap's share of it scratch) and its payload
     /// into `payload` (exactly `location.payload_len` bytes), then checks
     /// both. `Ok(false)` when the record fails a check (the key is then a
     /// miss; `payload` holds what was read).
@@ -158,20 +159,26 @@ impl DiskTier {
             self.failed_load(key, location, &path, "segment file missing");
             return Ok(false);
         };
-        if location.record_len as usize
-            != format::record_size(self.config.key_len, location.payload_len as usize)
+        let gap = location.gap as usize;
+        let head_len = RECORD_HEADER_SIZE + self.config.key_len;
+        if gap > MAX_GAP
+            || head.len() < head_len + gap
+            || location.record_len as usize
+                != format::record_size(self.config.key_len, gap, location.payload_len as usize)
             || payload.len() != location.payload_len as usize
         {
             self.failed_load(key, location, &path, "impossible record length");
             return Ok(false);
         }
+        let head = &mut head[..head_len + gap];
         let checked = match read_piecewise(&file, head, payload, location) {
             Ok(()) => match format::parse_record_header(head) {
                 Ok((header, stored_key))
                     if stored_key == key.as_bytes()
                         && header.kind == format::KIND_PUT
                         && header.payload_len == location.payload_len
-                        && header.payload_crc == location.payload_crc =>
+                        && header.payload_crc == location.payload_crc
+                        && header.gap == location.gap =>
                 {
                     Ok(())
                 }
@@ -242,8 +249,9 @@ impl DiskTier {
 /// second pass over the whole payload.
 const READ_PIECE: usize = 256 << 10;
 
-/// Reads a record's head into `head` and its payload into `payload`, the
-/// head with the first piece in one `preadv`, the rest piece by piece,
+/// Reads a record's head and gap into `head` and its payload into
+/// `payload`, the head with the first piece in one `preadv`, the rest piece
+/// by piece,
 /// checksumming each piece as it arrives. An error of kind
 /// [`InvalidData`](std::io::ErrorKind::InvalidData) when the payload's
 /// checksum is not `location.payload_crc`; [`UnexpectedEof`] when the file

@@ -95,6 +95,7 @@ pub(crate) fn rebuild(
                             payload_len: payload.len() as u32,
                             payload_crc: h.payload_crc,
                             record_len: len as u32,
+                            gap: h.gap,
                         };
                         index.insert(key, &location, live);
                     }

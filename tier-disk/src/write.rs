@@ -173,7 +173,7 @@ impl DiskTier {
             }
         }
         for (key, _) in written {
-            let record = format::encode_record(format::KIND_REMOVE, key.as_bytes(), &[]);
+            let record = format::encode_record(format::KIND_REMOVE, key.as_bytes(), 0, &[]);
             if let Err(err) = self.append(writer, &record) {
                 tracing::warn!(error = %err, "could not log the removal of a store that failed; a rebuilt index may serve it");
                 return;
@@ -230,7 +230,7 @@ impl DiskTier {
             if !is_present {
                 continue;
             }
-            let record = format::encode_record(format::KIND_REMOVE, keys[i].as_bytes(), &[]);
+            let record = format::encode_record(format::KIND_REMOVE, keys[i].as_bytes(), 0, &[]);
             match self.append(&mut writer, &record) {
                 Ok(_) => logged.push(i),
                 Err(err) => {

@@ -5,7 +5,7 @@ mod common;
 
 use std::os::unix::fs::FileExt;
 
-use common::{RECORD_HEADER_SIZE, key, payload, small};
+use common::{key, payload, payload_at, small};
 use kvtier_core::{BlockOutcome, OffloadKey, TierErrorKind};
 use kvtier_disk::DiskTier;
 
@@ -122,7 +122,7 @@ fn a_damaged_record_is_a_miss_and_its_neighbours_load() {
         .open(dir.path().join("seg-0000000000000001.kvs"))
         .unwrap();
     segment
-        .write_all_at(&[0xFF], (RECORD_HEADER_SIZE + 36 + 10) as u64)
+        .write_all_at(&[0xFF], (payload_at(0, 36) + 10) as u64)
         .unwrap();
     let (outcomes, regions) = load(&tier, &keys, &[1000; 3]);
     assert!(

@@ -227,7 +227,7 @@ fn an_index_of_another_key_length_or_version_is_refused_untouched() {
             err,
             DiskError::IndexVersion {
                 found: 99,
-                supported: 1,
+                supported: 2,
                 ..
             }
         ),

@@ -8,7 +8,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use common::{COUNTERS_AT, RECORD_HEADER_SIZE, key, payload, record_size, small};
+use common::{COUNTERS_AT, key, payload, payload_at, put_record_size, small};
 use kvtier_disk::{DiskError, DiskTier};
 
 const KEY_LEN: usize = 36;
@@ -61,10 +61,10 @@ fn a_rebuild_never_serves_the_value_a_damaged_newer_record_replaced() {
         }
         lose_index(dir.path(), how);
         // B's record follows A's; damage one byte of B's payload.
-        let b_at = record_size(KEY_LEN, a.len());
+        let b_at = put_record_size(0, KEY_LEN, a.len());
         flip(
             &segment(dir.path(), 1),
-            (b_at + RECORD_HEADER_SIZE + KEY_LEN + 10) as u64,
+            (payload_at(b_at, KEY_LEN) + 10) as u64,
         );
         let tier = DiskTier::open(small(dir.path())).unwrap();
         let stats = tier.stats();
@@ -88,7 +88,7 @@ fn a_rebuild_never_serves_the_value_a_damaged_newer_record_replaced() {
 #[test]
 fn a_rebuild_never_brings_back_a_key_whose_remove_record_is_damaged() {
     for how in 0..2 {
-        for byte in [4usize, 10, RECORD_HEADER_SIZE + 3] {
+        for byte in [4usize, 10, common::RECORD_HEADER_SIZE + 3] {
             let dir = tempfile::tempdir().unwrap();
             let old = payload(1, 0, 500);
             {
@@ -104,7 +104,7 @@ fn a_rebuild_never_brings_back_a_key_whose_remove_record_is_damaged() {
                 tier.close().unwrap();
             }
             lose_index(dir.path(), how);
-            let remove_at = record_size(KEY_LEN, old.len());
+            let remove_at = put_record_size(0, KEY_LEN, old.len());
             flip(&segment(dir.path(), 1), (remove_at + byte) as u64);
             let tier = DiskTier::open(small(dir.path())).unwrap();
             let stats = tier.stats();
@@ -138,11 +138,18 @@ fn populate(dir: &Path, n: u64) {
 /// Which keys of 0..n have their record in segment `id` (by reading it).
 fn keys_in_segment(dir: &Path, id: u64, n: u64) -> Vec<u64> {
     let bytes = std::fs::read(segment(dir, id)).unwrap();
+    // Walk the records (format version 2): the key follows each header.
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let mut keys_here = Vec::new();
+    let mut at = 0;
+    while at + common::RECORD_HEADER_SIZE + KEY_LEN <= bytes.len() {
+        let (key_len, payload_len, gap) = (u32_at(at + 12), u32_at(at + 16), u32_at(at + 24));
+        let head = at + common::RECORD_HEADER_SIZE;
+        keys_here.push(bytes[head..head + key_len].to_vec());
+        at = (head + key_len + gap + payload_len + 7) & !7;
+    }
     (0..n)
-        .filter(|&i| {
-            let k = key(i);
-            bytes.windows(KEY_LEN).any(|w| w == k.as_bytes())
-        })
+        .filter(|&i| keys_here.iter().any(|k| k == key(i).as_bytes()))
         .collect()
 }
 

@@ -33,7 +33,7 @@ pub fn small(dir: &Path) -> DiskConfig {
     }
 }
 
-// The on-disk layout (format version 1, documented in the crate's private
+// The on-disk layout (format version 2, documented in the crate's private
 // `format` module, whose unit tests pin these values): where the tests write
 // their damage.
 
@@ -42,7 +42,22 @@ pub const COUNTERS_AT: usize = 512;
 /// Bytes of a segment record before its key.
 pub const RECORD_HEADER_SIZE: usize = 32;
 
-/// Bytes of one record on disk: header, key, payload, padded to 8.
-pub fn record_size(key_len: usize, payload_len: usize) -> usize {
-    (RECORD_HEADER_SIZE + key_len + payload_len + 7) & !7
+/// A put's payload starts at a multiple of this many bytes in its segment.
+pub const PAYLOAD_ALIGN: usize = 64;
+
+/// The zero bytes between the key and the payload of a put written at
+/// `offset` of its segment.
+pub fn payload_gap(offset: usize, key_len: usize) -> usize {
+    (PAYLOAD_ALIGN - (offset + RECORD_HEADER_SIZE + key_len) % PAYLOAD_ALIGN) % PAYLOAD_ALIGN
+}
+
+/// Bytes of one put record written at `offset`: header, key, gap, payload,
+/// padded to 8.
+pub fn put_record_size(offset: usize, key_len: usize, payload_len: usize) -> usize {
+    (RECORD_HEADER_SIZE + key_len + payload_gap(offset, key_len) + payload_len + 7) & !7
+}
+
+/// Where the payload of a put written at `offset` starts.
+pub fn payload_at(offset: usize, key_len: usize) -> usize {
+    offset + RECORD_HEADER_SIZE + key_len + payload_gap(offset, key_len)
 }
