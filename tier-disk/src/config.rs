@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::DiskError;
-use crate::format::{MAX_KEY_LEN, PAYLOAD_ALIGN, RECORD_HEADER_SIZE};
+use crate::format::{MAX_KEY_LEN, RECORD_HEADER_SIZE, payload_gap};
 
 /// How durable a store is when it returns (and so when its key becomes visible).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -81,7 +81,7 @@ impl DiskConfig {
     pub fn max_payload(&self) -> usize {
         usize::try_from(self.segment_bytes)
             .unwrap_or(usize::MAX)
-            .saturating_sub(RECORD_HEADER_SIZE + self.key_len + (PAYLOAD_ALIGN - 1) + 8)
+            .saturating_sub(RECORD_HEADER_SIZE + self.key_len + payload_gap(0, self.key_len) + 8)
             .min(u32::MAX as usize)
     }
 

@@ -87,7 +87,7 @@ pub enum DiskError {
         pid: u32,
     },
     /// The index was written by another format version; it is left untouched.
-    #[error("index {path} has format version {found}; this build reads version {supported}")]
+    #[error("index {path} has format version {found}; this build reads versions 1 to {supported}")]
     IndexVersion {
         /// The index file.
         path: PathBuf,

@@ -34,8 +34,15 @@
 //!   slot's `gap` and the record's bytes 24..32 were zero). This build reads
 //!   both: a version-1 index is rewritten as version 2 when it is opened
 //!   (its slots are valid as they are), and its "KVR1" records are read
-//!   with a gap of 0. Earlier builds refuse a version-2 index
-//!   ([`FormatError::Version`]) instead of misreading a gap.
+//!   with the gap their bytes 24..28 hold, zero (one rule for both magics:
+//!   the magic is outside the header checksum, and a damaged one must not
+//!   change where a rebuild finds the next record). Earlier builds refuse
+//!   a version-2 index ([`FormatError::Version`]) instead of misreading a
+//!   gap. So opening a version-1 directory with this build is one-way: its
+//!   index is upgraded at open. An earlier build that must rebuild a lost
+//!   index over version-2 segments stops at the first "KVR2" record of
+//!   each and drops what follows: it serves no wrong bytes, but loses
+//!   those blocks.
 
 use crate::error::FormatError;
 
@@ -505,7 +512,9 @@ fn record_header_crc(fields: &[u8], key: &[u8]) -> u32 {
 
 /// Parses a record header followed by its key; `buf` starts at the record.
 ///
-/// A version-1 record ("KVR1") has no gap, whatever its bytes 24..32 hold.
+/// The gap is read from bytes 24..28 whatever the magic: a version-1
+/// record ("KVR1") has zeros there, covered by its header checksum, hence
+/// no gap.
 ///
 /// # Errors
 /// [`FormatError`] for short input, a wrong magic, an unknown kind, a key
@@ -522,11 +531,9 @@ pub fn parse_record_header(buf: &[u8]) -> Result<(RecordHeader, &[u8]), FormatEr
         key_len: u32_at(buf, 12)?,
         payload_len: u32_at(buf, 16)?,
         payload_crc: u32_at(buf, 20)?,
-        gap: if magic == RECORD_MAGIC {
-            u32_at(buf, 24)?
-        } else {
-            0
-        },
+        // Version 1 wrote zeros here (under the checksum): one rule for
+        // both magics, so a damaged magic cannot change a record's extent.
+        gap: u32_at(buf, 24)?,
     };
     if header.kind > KIND_REMOVE
         || header.key_len == 0
@@ -640,8 +647,9 @@ mod tests {
         }
     }
 
-    /// A version-1 record ("KVR1") reads with no gap, whatever its bytes
-    /// 24..32 hold (they are covered by its header checksum).
+    /// A version-1 record ("KVR1", zeros at bytes 24..32) reads with no
+    /// gap; the gap field is read the same way whatever the magic, so a
+    /// magic damaged from "KVR2" to "KVR1" keeps the record's extent.
     #[test]
     fn a_version_1_record_reads_without_a_gap() {
         let key = [3u8; 36];
@@ -651,6 +659,11 @@ mod tests {
         let (header, k, p) = parse_record(&record).unwrap();
         assert_eq!((header.gap, k, p), (0, &key[..], &payload[..]));
         assert_eq!(header.record_len(), record.len());
+        let mut damaged = encode_record(KIND_PUT, &key, 60, &payload);
+        damaged[0..4].copy_from_slice(&RECORD_MAGIC_V1.to_le_bytes());
+        let (header, _, p) = parse_record(&damaged).unwrap();
+        assert_eq!((header.gap, header.record_len()), (60, damaged.len()));
+        assert_eq!(p, &payload[..]);
         // A version-2 record declaring a gap beyond MAX_GAP is refused.
         let mut bad = encode_record(KIND_PUT, &key, 0, &payload);
         bad[24..28].copy_from_slice(&(MAX_GAP as u32 + 1).to_le_bytes());

@@ -302,7 +302,8 @@ fn a_corrupt_payload_turns_into_a_counted_miss_and_is_removed() {
         .max()
         .unwrap();
     let file = OpenOptions::new().write(true).open(&segment).unwrap();
-    file.write_all_at(&[0], 32 + 36 + 500).unwrap();
+    file.write_all_at(&[0], (common::payload_at(0, 36) + 500) as u64)
+        .unwrap();
     assert!(
         tier.contains_many(&[key(1)]).unwrap()[0],
         "the index cannot know yet"
