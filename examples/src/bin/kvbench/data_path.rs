@@ -77,20 +77,15 @@ trait DataPathTier {
     /// Ends a round: closes the store and frees what it and the baseline
     /// used.
     fn close(&mut self) -> Result<(), Failure>;
-    /// The raw client stores blocks `wave` from their rows, with `threads`
-    /// workers; the seconds it took.
-    fn baseline_store(
+    /// The raw client stores blocks `wave` from their rows (or, with
+    /// `load`, loads them into their rows), with `threads` workers; the
+    /// seconds it took.
+    fn baseline(
         &mut self,
         blocks: &mut Blocks,
         wave: Range<usize>,
         threads: usize,
-    ) -> Result<f64, Failure>;
-    /// The raw client loads blocks `wave` into their rows; the seconds.
-    fn baseline_load(
-        &mut self,
-        blocks: &mut Blocks,
-        wave: Range<usize>,
-        threads: usize,
+        load: bool,
     ) -> Result<f64, Failure>;
 }
 
@@ -280,10 +275,8 @@ fn row(cli: &Cli, tier: &mut dyn DataPathTier, block_bytes: usize) -> Result<Val
                 for queue_turn in [w % 2 == 0, w % 2 != 0] {
                     if queue_turn {
                         ours += run_wave(&queue, &blocks, wave.clone(), load_pass)?;
-                    } else if load_pass {
-                        raw += tier.baseline_load(&mut blocks, wave.clone(), threads)?;
                     } else {
-                        raw += tier.baseline_store(&mut blocks, wave.clone(), threads)?;
+                        raw += tier.baseline(&mut blocks, wave.clone(), threads, load_pass)?;
                     }
                     if load_pass {
                         // Each side's load is checked, then undone (untimed).
@@ -423,26 +416,17 @@ impl DataPathTier for Disk {
     }
 
     /// `std::fs`: one file per block in one directory, `pwrite` from the
-    /// block's row, `threads` workers over contiguous shares of the wave.
-    fn baseline_store(
+    /// block's row (`pread` into it to load), `threads` workers over
+    /// contiguous shares of the wave.
+    fn baseline(
         &mut self,
         blocks: &mut Blocks,
         wave: Range<usize>,
         threads: usize,
+        load: bool,
     ) -> Result<f64, Failure> {
         let path = self.files.as_ref().ok_or("no round is open")?.path();
-        raw_files(path, blocks, wave, threads, false)
-    }
-
-    /// `pread` of each block's file into its row.
-    fn baseline_load(
-        &mut self,
-        blocks: &mut Blocks,
-        wave: Range<usize>,
-        threads: usize,
-    ) -> Result<f64, Failure> {
-        let path = self.files.as_ref().ok_or("no round is open")?.path();
-        raw_files(path, blocks, wave, threads, true)
+        raw_files(path, blocks, wave, threads, load)
     }
 }
 

@@ -183,22 +183,14 @@ impl DataPathTier for Redis {
         Ok(())
     }
 
-    fn baseline_store(
+    fn baseline(
         &mut self,
         blocks: &mut Blocks,
         wave: Range<usize>,
         _threads: usize,
+        load: bool,
     ) -> Result<f64, Failure> {
-        self.raw(blocks, wave, false)
-    }
-
-    fn baseline_load(
-        &mut self,
-        blocks: &mut Blocks,
-        wave: Range<usize>,
-        _threads: usize,
-    ) -> Result<f64, Failure> {
-        self.raw(blocks, wave, true)
+        self.raw(blocks, wave, load)
     }
 }
 
@@ -345,21 +337,13 @@ impl DataPathTier for S3 {
         Ok(())
     }
 
-    fn baseline_store(
+    fn baseline(
         &mut self,
         blocks: &mut Blocks,
         wave: Range<usize>,
         _threads: usize,
+        load: bool,
     ) -> Result<f64, Failure> {
-        self.raw(blocks, wave, false)
-    }
-
-    fn baseline_load(
-        &mut self,
-        blocks: &mut Blocks,
-        wave: Range<usize>,
-        _threads: usize,
-    ) -> Result<f64, Failure> {
-        self.raw(blocks, wave, true)
+        self.raw(blocks, wave, load)
     }
 }
