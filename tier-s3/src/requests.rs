@@ -321,28 +321,51 @@ impl Requests {
 
     /// GetObject, body included; `None` for a missing object.
     pub(crate) async fn get(&self, key: &OffloadKey) -> Result<Option<Vec<u8>>> {
+        let Some((_slot, object)) = self.get_object(key).await? else {
+            return Ok(None);
+        };
+        let body = object
+            .body
+            .collect()
+            .await
+            .map_err(|e| self.body_error(e))?;
+        Ok(Some(body.into_bytes().to_vec()))
+    }
+
+    /// GetObject's response, holding its concurrency slot (until the body
+    /// has been read: the caller keeps the slot as long as the response);
+    /// `None` for a missing object.
+    async fn get_object(
+        &self,
+        key: &OffloadKey,
+    ) -> Result<
+        Option<(
+            (InFlight<'_>, tokio::sync::SemaphorePermit<'_>),
+            aws_sdk_s3::operation::get_object::GetObjectOutput,
+        )>,
+    > {
         const OP: &str = "GetObject";
         self.check_bucket().await?;
-        let _slot = self.slot(&self.limit, OP).await?;
+        let slot = self.slot(&self.limit, OP).await?;
         let request = self
             .client
             .get_object()
             .bucket(&self.config.bucket)
             .key(self.object_name(key));
-        let fetched = match request.send().await {
-            Ok(object) => Ok(object.body.collect().await.map(|b| b.into_bytes().to_vec())),
-            Err(e) => Err(e),
-        };
-        match fetched {
-            Ok(Ok(bytes)) => Ok(Some(bytes)),
-            Ok(Err(body)) => Err(S3TierError::Unavailable {
-                bucket: self.config.bucket.clone(),
-                endpoint: self.endpoint.clone(),
-                op: "GetObject body",
-                detail: body.to_string(),
-            }),
+        match request.send().await {
+            Ok(object) => Ok(Some((slot, object))),
             Err(e) if response_class(&e) == Some(ResponseClass::NotFound) => Ok(None),
             Err(e) => Err(self.classify(OP, &e)),
+        }
+    }
+
+    /// A GetObject body that broke off while it was read.
+    fn body_error(&self, e: impl std::fmt::Display) -> S3TierError {
+        S3TierError::Unavailable {
+            bucket: self.config.bucket.clone(),
+            endpoint: self.endpoint.clone(),
+            op: "GetObject body",
+            detail: e.to_string(),
         }
     }
 
@@ -369,33 +392,16 @@ impl Requests {
         key: &OffloadKey,
         out: &mpsc::Sender<Result<Fetched>>,
     ) -> Result<()> {
-        const OP: &str = "GetObject";
-        self.check_bucket().await?;
-        let _slot = self.slot(&self.limit, OP).await?;
-        let request = self
-            .client
-            .get_object()
-            .bucket(&self.config.bucket)
-            .key(self.object_name(key));
-        let mut object = match request.send().await {
-            Ok(object) => object,
-            Err(e) if response_class(&e) == Some(ResponseClass::NotFound) => {
-                let _ = out.send(Ok(Fetched::Missing)).await;
-                return Ok(());
-            }
-            Err(e) => return Err(self.classify(OP, &e)),
+        let Some((_slot, mut object)) = self.get_object(key).await? else {
+            let _ = out.send(Ok(Fetched::Missing)).await;
+            return Ok(());
         };
         let len = object.content_length().and_then(|n| u64::try_from(n).ok());
         if out.send(Ok(Fetched::Found(len))).await.is_err() {
             return Ok(());
         }
         while let Some(chunk) = object.body.next().await {
-            let chunk = chunk.map_err(|e| S3TierError::Unavailable {
-                bucket: self.config.bucket.clone(),
-                endpoint: self.endpoint.clone(),
-                op: "GetObject body",
-                detail: e.to_string(),
-            })?;
+            let chunk = chunk.map_err(|e| self.body_error(e))?;
             if out.send(Ok(Fetched::Chunk(chunk))).await.is_err() {
                 return Ok(());
             }
