@@ -42,6 +42,26 @@ struct RawBuffer {
 
 /// `PyBUF_STRIDES`: shape and strides, any contiguity, read-only allowed
 /// (the flags are checked here, to raise kvtier's own errors).
+impl RawBuffer {
+    /// A buffer that holds nothing (what `PyObject_GetBuffer` fills in, and
+    /// what a released one is replaced with).
+    fn empty() -> Self {
+        Self {
+            buf: std::ptr::null_mut(),
+            obj: std::ptr::null_mut(),
+            len: 0,
+            itemsize: 0,
+            readonly: 0,
+            ndim: 0,
+            format: std::ptr::null_mut(),
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            suboffsets: std::ptr::null_mut(),
+            internal: std::ptr::null_mut(),
+        }
+    }
+}
+
 const PYBUF_STRIDES: c_int = 0x0010 | 0x0008;
 
 unsafe extern "C" {
@@ -82,19 +102,7 @@ impl PyRows {
     /// Exports `obj`'s buffer: C-contiguous, at least one dimension, rows
     /// (its first dimension) of at least one byte; writable if `writable`.
     pub(crate) fn export(obj: &Bound<'_, PyAny>, writable: bool) -> Result<Self, BufferProblem> {
-        let mut view = Box::new(RawBuffer {
-            buf: std::ptr::null_mut(),
-            obj: std::ptr::null_mut(),
-            len: 0,
-            itemsize: 0,
-            readonly: 0,
-            ndim: 0,
-            format: std::ptr::null_mut(),
-            shape: std::ptr::null_mut(),
-            strides: std::ptr::null_mut(),
-            suboffsets: std::ptr::null_mut(),
-            internal: std::ptr::null_mut(),
-        });
+        let mut view = Box::new(RawBuffer::empty());
         // SAFETY: the GIL is held (`obj` is bound), `view` is writable
         // memory of the struct's layout; on success it must be released.
         let rc = unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, PYBUF_STRIDES) };
@@ -194,22 +202,7 @@ impl Drop for PyRows {
         if self.view.obj.is_null() && self.view.buf.is_null() {
             return;
         }
-        let view = std::mem::replace(
-            &mut self.view,
-            Box::new(RawBuffer {
-                buf: std::ptr::null_mut(),
-                obj: std::ptr::null_mut(),
-                len: 0,
-                itemsize: 0,
-                readonly: 0,
-                ndim: 0,
-                format: std::ptr::null_mut(),
-                shape: std::ptr::null_mut(),
-                strides: std::ptr::null_mut(),
-                suboffsets: std::ptr::null_mut(),
-                internal: std::ptr::null_mut(),
-            }),
-        );
+        let view = std::mem::replace(&mut self.view, Box::new(RawBuffer::empty()));
         FINISHED
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
