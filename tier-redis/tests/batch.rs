@@ -359,19 +359,12 @@ async fn many_keys_over_every_master_round_trip() {
         .collect();
     let outcomes = tier.store_batch(&testkit::store_pairs(&stored)).await;
     assert!(outcomes.iter().all(BlockOutcome::is_done));
-    let mut regions: Vec<Vec<u8>> = stored
+    let lens: Vec<usize> = stored
         .iter()
         .enumerate()
-        .map(|(i, (_, b))| vec![0; if i % 50 == 7 { b.len() + 1 } else { b.len() }])
+        .map(|(i, (_, b))| if i % 50 == 7 { b.len() + 1 } else { b.len() })
         .collect();
-    let outcomes = {
-        let mut batch: Vec<(&OffloadKey, &mut [u8])> = keys
-            .iter()
-            .zip(regions.iter_mut())
-            .map(|(k, r)| (k, r.as_mut_slice()))
-            .collect();
-        tier.load_batch(&mut batch).await
-    };
+    let (outcomes, regions) = testkit::load_regions(&tier, &keys, &lens, 0).await;
     for (i, outcome) in outcomes.iter().enumerate() {
         if i % 50 == 7 {
             assert_eq!(
