@@ -14,23 +14,10 @@ import pytest
 
 import kvtier
 from conftest import GUARD, ReqContext, key
-from test_native import disk, redis_cluster, redis_single, redis_tls, s3
+# `native`: the same fixture as test_native's, every native manager in turn.
+from test_native import disk, native, redis_single  # noqa: F401
 
 MiB = 1 << 20
-
-
-@pytest.fixture(params=["redis", "redis_cluster", "redis_tls", "s3", "disk"])
-def native(request, tmp_path):
-    build = {
-        "redis": redis_single,
-        "redis_cluster": redis_cluster,
-        "redis_tls": redis_tls,
-        "s3": s3,
-        "disk": lambda: disk(tmp_path),
-    }[request.param]
-    m = build()
-    yield m
-    m.shutdown()
 
 
 def rows_view(nrows: int, row_bytes: int, fill: bytes | None = None) -> memoryview:
