@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import kvtier
+from conftest import require_env
 from vllm_harness import GUARD, build_manager, end_step, lookup_all, make_spec
 
 TIERS = ["disk", "redis", "redis_cluster", "s3"]
@@ -35,16 +36,6 @@ def require_job_api() -> None:
         )
 
 
-def _env(*names: str) -> list[str]:
-    missing = [n for n in names if not os.environ.get(n)]
-    if missing:
-        message = f"test services not configured: {', '.join(missing)} unset"
-        if os.environ.get("KVTIER_REQUIRE_SERVICES") == "1":
-            pytest.fail(message + " (KVTIER_REQUIRE_SERVICES=1)")
-        pytest.skip(message)
-    return [os.environ[n] for n in names]
-
-
 def tier_config(kind: str, tmp_path: Any, **extra: Any) -> dict[str, Any]:
     """A ``secondary_tiers`` entry for a kvtier tier of ``kind``, in a
     directory, key prefix or object prefix of this test's own."""
@@ -52,17 +43,17 @@ def tier_config(kind: str, tmp_path: Any, **extra: Any) -> dict[str, Any]:
     if kind == "disk":
         config = {"type": "DiskTier", "path": str(tmp_path / "disk"), "fsync": "never"}
     elif kind == "redis":
-        (url,) = _env("KVTIER_REDIS_URL")
+        (url,) = require_env("KVTIER_REDIS_URL")
         config = {"type": "RedisTier", "url": url, "key_prefix": f"kvtier-vllm-test:{run}:"}
     elif kind == "redis_cluster":
-        (urls,) = _env("KVTIER_REDIS_CLUSTER_URLS")
+        (urls,) = require_env("KVTIER_REDIS_CLUSTER_URLS")
         config = {
             "type": "RedisTier",
             "cluster_urls": urls.split(","),
             "key_prefix": f"kvtier-vllm-test:{run}:",
         }
     elif kind == "s3":
-        endpoint, bucket, access, secret = _env(
+        endpoint, bucket, access, secret = require_env(
             "KVTIER_S3_ENDPOINT", "KVTIER_S3_BUCKET", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"
         )
         config = {
