@@ -267,9 +267,16 @@ async fn a_stopped_cluster_master_fails_exactly_its_own_keys() {
     let tier = Arc::new(cluster.tier());
     let keys = unique_keys(48, 36);
     let owners = cluster.owners(&keys);
-    // Connections made and the slot map cached first.
-    assert!(tier.store_batch(&[]).await.is_empty());
-    tier.store(&keys[0], b"warm").await.unwrap();
+    // Connections made and the slot map cached first, by a batch over every
+    // master. (An empty batch, as this test had, does neither: the batch
+    // below then asked for the slot map itself, racing the SIGSTOP, and
+    // when the cluster client sent CLUSTER SLOTS to the stopped master the
+    // whole batch timed out. That was the "running masters time out too"
+    // seen in about one run in three.)
+    let warm: Vec<(OffloadKey, Vec<u8>)> =
+        keys.iter().map(|k| (k.clone(), b"warm".to_vec())).collect();
+    let warmed = tier.store_batch(&testkit::store_pairs(&warm)).await;
+    assert!(warmed.iter().all(BlockOutcome::is_done), "{warmed:?}");
     let port = cluster.cluster.nodes[2].port;
     let pid = redis_cli(port, &["INFO", "server"])
         .lines()
@@ -299,24 +306,16 @@ async fn a_stopped_cluster_master_fails_exactly_its_own_keys() {
             .success()
     );
     // The stopped master may have taken some of its keys before the stop:
-    // those answer done or failed. Keys of the running masters should all
-    // be done, but in about one run in three they time out too while
-    // another master is silent (a known defect, not yet explained: the
-    // cluster connection seems to stall as a whole; redis-rs's slot refresh
-    // is suspected). Until it is fixed, such a key must at least be a
-    // timeout, never another failure, and whatever answered done is
-    // checked byte for byte below.
+    // those answer done or failed. Every key of the running masters is
+    // done: a timeout is not asked again key by key, so nothing sends the
+    // cluster client into a slot refresh that would hold up their
+    // pipelines.
     let mut running_done = 0;
     for (i, (outcome, &owner)) in outcomes.iter().zip(&owners).enumerate() {
         if owner != 2 {
             match outcome {
                 BlockOutcome::Done => running_done += 1,
-                BlockOutcome::Failed(e) => assert_eq!(
-                    e.kind(),
-                    TierErrorKind::Timeout,
-                    "key {i} on a running master: {outcome:?}"
-                ),
-                BlockOutcome::Absent => panic!("key {i}: a store answered absent"),
+                other => panic!("key {i} on a running master: {other:?}"),
             }
         }
     }
