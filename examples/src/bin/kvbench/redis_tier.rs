@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use examples::{Rng, key_from_id, percentile};
-use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext};
+use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, Spawner};
 use serde_json::{Value, json};
 
 use self::baselines::{BenchKeys, host_port, matched_bench_keys, raw_redis_loop, redis_benchmark};
@@ -76,10 +76,33 @@ fn w3_one(
     // the end): names of 52 bytes, not much longer than the default's 43.
     let run = (Rng::new(cli.seed).next_u64() ^ u64::from(std::process::id())) as u32;
     let prefix = format!("kvtier:{run:08x}:");
-    let tier = Arc::new(kvtier_redis::RedisTier::new(kvtier_redis::RedisConfig {
+    // One runtime for the managers' calls and the tier's connections, as
+    // the README's embedding example sets them up (`KVBENCH_W3_RUNTIME=
+    // separate`: the tier's own I/O thread and a runtime per manager, for
+    // an A/B of the hop between them).
+    let separate = std::env::var("KVBENCH_W3_RUNTIME").is_ok_and(|v| v == "separate");
+    let spawner = Spawner::dedicated("kvbench-w3", 1)?;
+    let tier_config = kvtier_redis::RedisConfig {
         key_prefix: prefix.clone(),
         ..config
-    })?);
+    };
+    let tier = Arc::new(if separate {
+        kvtier_redis::RedisTier::new(tier_config)?
+    } else {
+        kvtier_redis::RedisTier::with_spawner(tier_config, &spawner)?
+    });
+    let manager = |config: &ManagerConfig| {
+        if separate {
+            AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())
+        } else {
+            AsyncLookupManager::with_spawner_and_wake_hook(
+                Arc::clone(&tier),
+                config.clone(),
+                &spawner,
+                unpark_me(),
+            )
+        }
+    };
     let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, KEY_LEN)).collect();
     let blocks: Vec<(OffloadKey, Vec<u8>)> =
         preload.iter().map(|k| (k.clone(), b"x".to_vec())).collect();
@@ -91,22 +114,17 @@ fn w3_one(
         max_queued_keys: throughput_steps * STEP,
         ..ManagerConfig::named(label)
     };
-    let mut m = AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())?;
+    let mut m = manager(&config)?;
     // The time-to-verdict run's own manager: its stats hold that run only.
-    let mut ttv_m =
-        AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())?;
+    let mut ttv_m = manager(&config)?;
     // The same with wider in-flight limits (32 steps, 64 calls instead of 8
     // and 32): more pipelines per server at once, which a cluster on 2 cores
     // needs to keep its servers busy.
-    let mut wide = AsyncLookupManager::with_wake_hook(
-        Arc::clone(&tier),
-        ManagerConfig {
-            max_steps_in_flight: WIDE_STEPS,
-            max_calls_in_flight: WIDE_CALLS,
-            ..config
-        },
-        unpark_me(),
-    )?;
+    let mut wide = manager(&ManagerConfig {
+        max_steps_in_flight: WIDE_STEPS,
+        max_calls_in_flight: WIDE_CALLS,
+        ..config
+    })?;
     let mut rng = Rng::new(cli.seed);
     let mut absent_id = 1u64 << 50;
     let mut step_keys =
@@ -284,7 +302,7 @@ fn w3_one(
     let mut line = json!({
         "workload": "w3",
         "tier": label,
-        "params": { "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
+        "params": { "runtime": if separate { "separate" } else { "shared" }, "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
                     "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
                     "rounds": rounds,
                     "wide_limits": { "max_steps_in_flight": WIDE_STEPS, "max_calls_in_flight": WIDE_CALLS },
