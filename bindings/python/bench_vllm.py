@@ -29,6 +29,22 @@ torch (``vllm-env.sh --real-torch``); ``params.fs_c_io`` says which. The
 page cache is not dropped between rounds (both tiers alike); ``--fsync``
 sets the kvtier disk tier's policy (the fs tier writes with O_DIRECT when
 the filesystem allows it, without fsync).
+
+Each round also measures the disk itself (``params.tier`` = ``device``), the
+same bytes from a page-aligned buffer into a fresh file of the same
+directory, one ``pwrite`` / ``pread`` per block, no tier:
+
+- ``direct_store_gb_per_s`` / ``direct_load_gb_per_s``: with ``O_DIRECT``
+  (what the fs tier does), the device's own rate;
+- ``buffered_store_gb_per_s`` / ``buffered_load_gb_per_s``: through the
+  page cache (what the kvtier disk tier does), the load reading what the
+  store left cached.
+
+The summary's ``store_ceiling`` compares the tiers' stores with these: a
+tier that writes with ``O_DIRECT`` cannot store faster than
+``direct_store_gb_per_s``, and one that writes through the page cache pays
+for every new page the kernel hands it (on a VM whose free memory goes back
+to the host, that page's first touch).
 """
 
 from __future__ import annotations
@@ -227,6 +243,48 @@ def one_round(tier: dict[str, Any], run: int, blocks: int, block_bytes: int) -> 
     return out
 
 
+def device_round(root: str, blocks: int, block_bytes: int) -> dict[str, Any]:
+    """The disk alone: ``blocks`` writes then reads of ``block_bytes``, with
+    and without O_DIRECT, from one page-aligned buffer."""
+    os.makedirs(root, exist_ok=True)
+    total = blocks * block_bytes
+    buf = mmap.mmap(-1, total)
+    view = memoryview(buf)
+    rng = np.random.default_rng(7)
+    np.frombuffer(buf, dtype=np.uint8)[:] = rng.integers(0, 256, size=total, dtype=np.uint8)
+    out: dict[str, Any] = {}
+    try:
+        for mode, flags in (("direct", getattr(os, "O_DIRECT", 0)), ("buffered", 0)):
+            if mode == "direct" and not flags:
+                continue
+            path = os.path.join(root, mode)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | flags, 0o600)
+            except OSError as e:  # a filesystem without O_DIRECT (tmpfs)
+                out[f"{mode}_skipped"] = str(e)
+                continue
+            try:
+                start = time.perf_counter()
+                for b in range(blocks):
+                    at = b * block_bytes
+                    os.pwrite(fd, view[at:at + block_bytes], at)
+                out[f"{mode}_store_gb_per_s"] = total / (time.perf_counter() - start) / 1e9
+                start = time.perf_counter()
+                for b in range(blocks):
+                    at = b * block_bytes
+                    os.preadv(fd, [view[at:at + block_bytes]], at)
+                out[f"{mode}_load_gb_per_s"] = total / (time.perf_counter() - start) / 1e9
+            except OSError as e:  # O_DIRECT refused at the first write
+                out[f"{mode}_skipped"] = str(e)
+            finally:
+                os.close(fd)
+    finally:
+        view.release()
+        buf.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default=None, help="directory on the disk to test (default: a temporary one under /var/tmp)")
@@ -234,20 +292,29 @@ def main() -> None:
     parser.add_argument("--block-bytes", type=int, default=2 << 20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fsync", default="never", choices=["never", "always"])
-    parser.add_argument("--tiers", default="kvtier_disk,vllm_fs", help="comma-separated: kvtier_disk, vllm_fs")
+    parser.add_argument("--tiers", default="kvtier_disk,vllm_fs,device", help="comma-separated: kvtier_disk, vllm_fs, device")
     args = parser.parse_args()
     import vllm.v1.kv_offload.tiering.fs.io as fs_io
 
     base = tempfile.mkdtemp(prefix="kvtier-bench-vllm-", dir=args.dir or "/var/tmp")
     tiers = [t for t in args.tiers.split(",") if t]
-    if not tiers or not set(tiers) <= {"kvtier_disk", "vllm_fs"}:
-        parser.error("--tiers: kvtier_disk and/or vllm_fs")
+    if not tiers or not set(tiers) <= {"kvtier_disk", "vllm_fs", "device"}:
+        parser.error("--tiers: kvtier_disk, vllm_fs and/or device")
     results: dict[str, list[dict[str, Any]]] = {t: [] for t in tiers}
     try:
         for run in range(args.rounds):
             # Interleaved, so a change of load on the machine weighs on both.
             for name in tiers:
                 root = os.path.join(base, f"{name}-{run}")
+                if name == "device":
+                    line = device_round(root, args.blocks, args.block_bytes)
+                    results[name].append(line)
+                    print(json.dumps({
+                        "workload": "vllm_tier", "params": {
+                            "tier": name, "round": run, "blocks": args.blocks, "block_bytes": args.block_bytes,
+                        }, **line,
+                    }), flush=True)
+                    continue
                 if name == "kvtier_disk":
                     tier = {
                         "type": "DiskTier", "module_path": "kvtier.vllm", "path": root,
@@ -267,11 +334,25 @@ def main() -> None:
                 }), flush=True)
                 shutil.rmtree(root, ignore_errors=True)
         summary: dict[str, Any] = {"workload": "vllm_tier_summary", "rounds": args.rounds}
+        tier_names = [t for t in tiers if t != "device"]
         for field in ("store_gb_per_s", "load_gb_per_s", "lookup_ns", "tier_lookup_ns", "answered_after_busy"):
-            medians = {t: statistics.median(r[field] for r in results[t]) for t in tiers}
-            if len(tiers) == 2 and medians["vllm_fs"]:
+            medians = {t: statistics.median(r[field] for r in results[t]) for t in tier_names}
+            if len(tier_names) == 2 and medians["vllm_fs"]:
                 medians["ratio"] = medians["kvtier_disk"] / medians["vllm_fs"]
             summary[field] = medians
+        if "device" in tiers:
+            ceiling: dict[str, Any] = {}
+            for field in ("direct_store_gb_per_s", "buffered_store_gb_per_s",
+                          "direct_load_gb_per_s", "buffered_load_gb_per_s"):
+                rates = [r[field] for r in results["device"] if field in r]
+                if rates:
+                    ceiling[field] = statistics.median(rates)
+            for t in tier_names:
+                for field in ("direct_store_gb_per_s", "buffered_store_gb_per_s"):
+                    if field in ceiling:
+                        ceiling[f"{t}_store_vs_{field.split('_')[0]}"] = (
+                            summary["store_gb_per_s"][t] / ceiling[field])
+            summary["store_ceiling"] = ceiling
         print(json.dumps(summary), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
