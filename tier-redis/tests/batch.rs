@@ -333,6 +333,71 @@ async fn a_stopped_cluster_master_fails_exactly_its_own_keys() {
     }
 }
 
+/// A tier whose slot map is not cached yet (its first batch) while one
+/// master is silent: the map comes from a node that answers, and the
+/// running masters' keys are stored. Eight fresh tiers in turn, each
+/// connecting and fetching its map while the master is stopped.
+#[tokio::test]
+async fn a_slot_map_fetched_while_a_master_is_silent_serves_the_running_masters() {
+    let test = "a_slot_map_fetched_while_a_master_is_silent_serves_the_running_masters";
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let Some(cluster) = Cluster::start(test) else {
+        return;
+    };
+    let keys = unique_keys(64, 36);
+    let owners = cluster.owners(&keys);
+    let running: Vec<OffloadKey> = keys
+        .iter()
+        .zip(&owners)
+        .filter(|&(_, &owner)| owner != 2)
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(
+        running.len() >= 20,
+        "{} keys on running masters",
+        running.len()
+    );
+    let stored = blocks(&running, 4096);
+    let port = cluster.cluster.nodes[2].port;
+    let pid = redis_cli(port, &["INFO", "server"])
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:").map(|p| p.trim().to_owned()))
+        .expect("INFO names the pid");
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut failures = Vec::new();
+    for attempt in 0..8 {
+        let tier = RedisTier::new(RedisConfig {
+            key_prefix: PREFIX.into(),
+            connect_timeout_ms: 200,
+            response_timeout_ms: 1000,
+            ..RedisConfig::cluster(cluster.cluster.urls())
+        })
+        .unwrap();
+        let outcomes = tier.store_batch(&testkit::store_pairs(&stored)).await;
+        if let Some(failed) = outcomes.iter().find(|o| !o.is_done()) {
+            failures.push(format!("attempt {attempt}: {failed:?}"));
+        }
+    }
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of 8 fresh tiers failed: {failures:#?}",
+        failures.len()
+    );
+}
+
 /// A batch of many keys over every master (more than a pipeline chunk per
 /// master) round-trips, and loads into regions of the wrong length fail
 /// only those keys.
