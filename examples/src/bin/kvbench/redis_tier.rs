@@ -76,32 +76,32 @@ fn w3_one(
     // the end): names of 52 bytes, not much longer than the default's 43.
     let run = (Rng::new(cli.seed).next_u64() ^ u64::from(std::process::id())) as u32;
     let prefix = format!("kvtier:{run:08x}:");
-    // One runtime for the managers' calls and the tier's connections, as
-    // the README's embedding example sets them up (`KVBENCH_W3_RUNTIME=
-    // separate`: the tier's own I/O thread and a runtime per manager, for
-    // an A/B of the hop between them).
-    let separate = std::env::var("KVBENCH_W3_RUNTIME").is_ok_and(|v| v == "separate");
-    let spawner = Spawner::dedicated("kvbench-w3", 1)?;
+    // The tier on its own I/O thread and each manager on a runtime of its
+    // own (the defaults), or, with `KVBENCH_W3_RUNTIME=shared`, all of them
+    // on one runtime, as the README's embedding example sets them up. On
+    // this 2-core machine neither won clearly (2026-12-03, two or three
+    // runs each): shared read a better cluster ratio with the servers
+    // pinned, separate a better single-node time to verdict.
+    let shared = std::env::var("KVBENCH_W3_RUNTIME")
+        .is_ok_and(|v| v == "shared")
+        .then(|| Spawner::dedicated("kvbench-w3", 1))
+        .transpose()?;
     let tier_config = kvtier_redis::RedisConfig {
         key_prefix: prefix.clone(),
         ..config
     };
-    let tier = Arc::new(if separate {
-        kvtier_redis::RedisTier::new(tier_config)?
-    } else {
-        kvtier_redis::RedisTier::with_spawner(tier_config, &spawner)?
+    let tier = Arc::new(match &shared {
+        Some(spawner) => kvtier_redis::RedisTier::with_spawner(tier_config, spawner)?,
+        None => kvtier_redis::RedisTier::new(tier_config)?,
     });
-    let manager = |config: &ManagerConfig| {
-        if separate {
-            AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())
-        } else {
-            AsyncLookupManager::with_spawner_and_wake_hook(
-                Arc::clone(&tier),
-                config.clone(),
-                &spawner,
-                unpark_me(),
-            )
-        }
+    let manager = |config: &ManagerConfig| match &shared {
+        Some(spawner) => AsyncLookupManager::with_spawner_and_wake_hook(
+            Arc::clone(&tier),
+            config.clone(),
+            spawner,
+            unpark_me(),
+        ),
+        None => AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me()),
     };
     let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, KEY_LEN)).collect();
     let blocks: Vec<(OffloadKey, Vec<u8>)> =
@@ -302,7 +302,7 @@ fn w3_one(
     let mut line = json!({
         "workload": "w3",
         "tier": label,
-        "params": { "runtime": if separate { "separate" } else { "shared" }, "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
+        "params": { "runtime": if shared.is_some() { "shared" } else { "separate" }, "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
                     "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
                     "rounds": rounds,
                     "wide_limits": { "max_steps_in_flight": WIDE_STEPS, "max_calls_in_flight": WIDE_CALLS },
