@@ -38,6 +38,16 @@ async fn load(
     testkit::load_regions(tier, keys, &vec![len; keys.len()], 0xEE).await
 }
 
+/// Sends `signal` (`STOP`: up but silent; `CONT`) to process `pid`.
+fn signal(pid: &str, signal: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid)
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{signal} {pid}: {sent}");
+}
+
 fn redis_cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .arg("-p")
@@ -153,6 +163,15 @@ impl Cluster {
             ..RedisConfig::cluster(self.cluster.urls())
         })
         .unwrap()
+    }
+
+    /// The process id of node `node`, from its INFO (ask it before
+    /// stopping the node: a stopped node answers nothing).
+    fn pid(&self, node: usize) -> String {
+        redis_cli(self.cluster.nodes[node].port, &["INFO", "server"])
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:").map(|p| p.trim().to_owned()))
+            .expect("INFO names the pid")
     }
 
     /// The node (index) owning `key`'s slot, from CLUSTER SLOTS.
@@ -277,34 +296,18 @@ async fn a_stopped_cluster_master_fails_exactly_its_own_keys() {
         keys.iter().map(|k| (k.clone(), b"warm".to_vec())).collect();
     let warmed = tier.store_batch(&testkit::store_pairs(&warm)).await;
     assert!(warmed.iter().all(BlockOutcome::is_done), "{warmed:?}");
-    let port = cluster.cluster.nodes[2].port;
-    let pid = redis_cli(port, &["INFO", "server"])
-        .lines()
-        .find_map(|l| l.strip_prefix("process_id:").map(|p| p.trim().to_owned()))
-        .expect("INFO names the pid");
+    let pid = cluster.pid(2);
     let stored = blocks(&keys, 1 << 20);
     let batch = {
         let tier = Arc::clone(&tier);
         let stored = stored.clone();
         tokio::spawn(async move { tier.store_batch(&testkit::store_pairs(&stored)).await })
     };
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&pid, "STOP");
     let started = std::time::Instant::now();
     let outcomes = batch.await.unwrap();
     let took = started.elapsed();
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&pid, "CONT");
     // The stopped master may have taken some of its keys before the stop:
     // those answer done or failed. Every key of the running masters is
     // done: a timeout is not asked again key by key, so nothing sends the
@@ -358,18 +361,8 @@ async fn a_slot_map_fetched_while_a_master_is_silent_serves_the_running_masters(
         running.len()
     );
     let stored = blocks(&running, 4096);
-    let port = cluster.cluster.nodes[2].port;
-    let pid = redis_cli(port, &["INFO", "server"])
-        .lines()
-        .find_map(|l| l.strip_prefix("process_id:").map(|p| p.trim().to_owned()))
-        .expect("INFO names the pid");
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    let pid = cluster.pid(2);
+    signal(&pid, "STOP");
     let mut failures = Vec::new();
     for attempt in 0..8 {
         let tier = RedisTier::new(RedisConfig {
@@ -384,13 +377,7 @@ async fn a_slot_map_fetched_while_a_master_is_silent_serves_the_running_masters(
             failures.push(format!("attempt {attempt}: {failed:?}"));
         }
     }
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&pid, "CONT");
     assert!(
         failures.is_empty(),
         "{} of 8 fresh tiers failed: {failures:#?}",
