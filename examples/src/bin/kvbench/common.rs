@@ -93,6 +93,18 @@ pub(crate) fn back_to_back<T: kvtier_core::Tier>(
     steps: &[Step],
     limit: Duration,
 ) -> Result<(f64, u64), Failure> {
+    back_to_back_then(m, steps, limit, || {})
+}
+
+/// [`back_to_back`], calling `timed_end` as the timed part ends (before the
+/// verdicts are checked and the steps cleaned up): where a caller samples
+/// what the timed part alone cost.
+pub(crate) fn back_to_back_then<T: kvtier_core::Tier>(
+    m: &mut AsyncLookupManager<T>,
+    steps: &[Step],
+    limit: Duration,
+    timed_end: impl FnOnce(),
+) -> Result<(f64, u64), Failure> {
     let t = Instant::now();
     for (ctx, keys, _) in steps {
         for k in keys {
@@ -114,6 +126,7 @@ pub(crate) fn back_to_back<T: kvtier_core::Tier>(
     }
     let keys: usize = steps.iter().map(|s| s.1.len()).sum();
     let keys_per_s = keys as f64 / t.elapsed().as_secs_f64();
+    timed_end();
     let mut verdict_errors = 0;
     for (ctx, keys, truth) in steps {
         for (k, &present) in keys.iter().zip(truth) {

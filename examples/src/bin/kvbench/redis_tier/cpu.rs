@@ -73,7 +73,18 @@ impl CpuTally {
         keys: f64,
         child_client: bool,
     ) {
-        let (Some(before), Some(after)) = (before, CpuSample::now(servers)) else {
+        self.add_span(before, CpuSample::now(servers), keys, child_client);
+    }
+
+    /// Adds the run from `before` to `after`, as [`add`](Self::add).
+    pub(crate) fn add_span(
+        &mut self,
+        before: Option<CpuSample>,
+        after: Option<CpuSample>,
+        keys: f64,
+        child_client: bool,
+    ) {
+        let (Some(before), Some(after)) = (before, after) else {
             return;
         };
         let ticks = |a: u64, b: u64| a.saturating_sub(b) as f64 / TICKS_PER_S;
