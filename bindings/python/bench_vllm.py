@@ -250,7 +250,8 @@ def one_round(tier: dict[str, Any], run: int, blocks: int, block_bytes: int) -> 
 
 def device_round(root: str, blocks: int, block_bytes: int) -> dict[str, Any]:
     """The disk alone: ``blocks`` writes then reads of ``block_bytes``, with
-    and without O_DIRECT, from one page-aligned buffer."""
+    and without O_DIRECT, from one page-aligned buffer, into files under
+    ``root`` (the caller removes it, as for the tiers' rounds)."""
     os.makedirs(root, exist_ok=True)
     total = blocks * block_bytes
     buf = mmap.mmap(-1, total)
@@ -286,7 +287,6 @@ def device_round(root: str, blocks: int, block_bytes: int) -> dict[str, Any]:
     finally:
         view.release()
         buf.close()
-        shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -311,30 +311,28 @@ def main() -> None:
             # Interleaved, so a change of load on the machine weighs on both.
             for name in tiers:
                 root = os.path.join(base, f"{name}-{run}")
+                extra: dict[str, Any] = {}
                 if name == "device":
                     line = device_round(root, args.blocks, args.block_bytes)
-                    results[name].append(line)
-                    print(json.dumps({
-                        "workload": "vllm_tier", "params": {
-                            "tier": name, "round": run, "blocks": args.blocks, "block_bytes": args.block_bytes,
-                        }, **line,
-                    }), flush=True)
-                    continue
-                if name == "kvtier_disk":
-                    tier = {
-                        "type": "DiskTier", "module_path": "kvtier.vllm", "path": root,
-                        "capacity_bytes": max(4 * args.blocks * args.block_bytes, 1 << 30),
-                        "segment_bytes": 256 << 20, "fsync": args.fsync,
-                    }
                 else:
-                    tier = {"type": "fs", "root_dir": root}
-                line = one_round(tier, run, args.blocks, args.block_bytes)
+                    if name == "kvtier_disk":
+                        tier = {
+                            "type": "DiskTier", "module_path": "kvtier.vllm", "path": root,
+                            "capacity_bytes": max(4 * args.blocks * args.block_bytes, 1 << 30),
+                            "segment_bytes": 256 << 20, "fsync": args.fsync,
+                        }
+                    else:
+                        tier = {"type": "fs", "root_dir": root}
+                    line = one_round(tier, run, args.blocks, args.block_bytes)
+                    extra = {
+                        "fsync": args.fsync if name == "kvtier_disk" else None,
+                        "fs_c_io": fs_io._HAS_FSIO_C,
+                    }
                 results[name].append(line)
                 print(json.dumps({
                     "workload": "vllm_tier", "params": {
                         "tier": name, "round": run, "blocks": args.blocks, "block_bytes": args.block_bytes,
-                        "fsync": args.fsync if name == "kvtier_disk" else None,
-                        "fs_c_io": fs_io._HAS_FSIO_C,
+                        **extra,
                     }, **line,
                 }), flush=True)
                 shutil.rmtree(root, ignore_errors=True)
