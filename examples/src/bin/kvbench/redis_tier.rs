@@ -80,9 +80,9 @@ fn w3_one(
     // The tier on its own I/O thread and each manager on a runtime of its
     // own (the defaults), or, with `KVBENCH_W3_RUNTIME=shared`, all of them
     // on one runtime, as the README's embedding example sets them up. On
-    // this 2-core machine neither won clearly (2026-12-03, two or three
-    // runs each): shared read a better cluster ratio with the servers
-    // pinned, separate a better single-node time to verdict.
+    // this 2-core machine neither won clearly (2026-12-03, four separate
+    // and three shared runs): each ratio and time to verdict varied as much
+    // between runs of one set-up as between the two.
     let shared = std::env::var("KVBENCH_W3_RUNTIME")
         .is_ok_and(|v| v == "shared")
         .then(|| Spawner::dedicated("kvbench-w3", 1))
