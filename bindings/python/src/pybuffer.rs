@@ -40,8 +40,6 @@ struct RawBuffer {
     internal: *mut c_void,
 }
 
-/// `PyBUF_STRIDES`: shape and strides, any contiguity, read-only allowed
-/// (the flags are checked here, to raise kvtier's own errors).
 impl RawBuffer {
     /// A buffer that holds nothing (what `PyObject_GetBuffer` fills in, and
     /// what a released one is replaced with).
@@ -62,6 +60,8 @@ impl RawBuffer {
     }
 }
 
+/// `PyBUF_STRIDES`: shape and strides, any contiguity, read-only allowed
+/// (the flags are checked here, to raise kvtier's own errors).
 const PYBUF_STRIDES: c_int = 0x0010 | 0x0008;
 
 unsafe extern "C" {
