@@ -13,7 +13,7 @@ use kvtier_core::{BlockOutcome, LengthMismatch, OffloadKey};
 
 use crate::error::{DiskError, FormatError};
 use crate::format::{self, Location, MAX_GAP, RECORD_HEADER_SIZE};
-use crate::{DiskTier, lock, segment_name, vectored};
+use crate::{DiskTier, copycrc, lock, segment_name, vectored};
 
 impl DiskTier {
     /// Loads the payload of `key` on the calling thread, or `None` if it is
@@ -64,9 +64,10 @@ impl DiskTier {
     /// synchronous form of
     /// [`BlockStore::load_batch`](kvtier_core::BlockStore::load_batch)).
     /// Every location is found under one index lock; each record is then
-    /// read with one `preadv`, its head into a buffer kept for the batch
-    /// and its payload straight into the region, and checked there (a
-    /// record that fails its checks is a miss, as in
+    /// read, its head into a buffer kept for the batch and its payload into
+    /// the region (piece by piece, checksummed as it goes: see
+    /// `read_piecewise`), and checked (a record that fails its checks is a
+    /// miss, as in
     /// [`load_blocking`](Self::load_blocking)). A payload whose length is
     /// not the region's fails with
     /// [`TierErrorKind::LengthMismatch`](kvtier_core::TierErrorKind::LengthMismatch)
@@ -244,15 +245,36 @@ impl DiskTier {
     }
 }
 
-/// Bytes of payload read per call: each piece is checksummed right after
-/// it is read, while it is still in the core's cache, instead of in a
-/// second pass over the whole payload.
+/// Bytes of payload read per call on CPUs without the fused copy: each
+/// piece is checksummed right after it is read, while it is still in the
+/// core's cache, instead of in a second pass over the whole payload.
 const READ_PIECE: usize = 256 << 10;
+
+/// Bytes of payload read per call on CPUs with the fused copy
+/// ([`copycrc::fused`]): each piece goes into a buffer of this size, which
+/// stays in the core's L2 cache, and from there to the region with the crc
+/// folded into the copy. Measured on a 2-vCPU AMD EPYC (Zen 4) VM, 2 MiB
+/// payloads from the page cache, against `pread` straight into the region
+/// (2026-12-07): reading into the region and checksumming each 256 KiB
+/// piece after it reached 0.77-0.78x; this path 0.85x with 64 KiB, 0.89-0.90x
+/// with 128 KiB, 0.89-0.91x with 256 KiB, 0.89-0.92x with 512 KiB and 0.88x
+/// with 1 MiB pieces. The kernel's copy into a cached buffer ran at 30 GB/s
+/// and the fused copy out of it at 32 GB/s, against 17 GB/s for the kernel's
+/// copy into memory.
+const BOUNCE_BYTES: usize = 512 << 10;
+
+thread_local! {
+    /// Each loading thread's read buffer for the fused path (allocated on
+    /// its first load, `BOUNCE_BYTES` plus a page, kept: a new buffer per
+    /// load would fault its pages in each time).
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Reads a record's head and gap into `head` and its payload into
 /// `payload`, the head with the first piece in one `preadv`, the rest piece
-/// by piece,
-/// checksumming each piece as it arrives. An error of kind
+/// by piece, checksumming each piece as it arrives (through a cached buffer
+/// with the crc fused into the copy where the CPU allows it, see
+/// [`BOUNCE_BYTES`], else straight into `payload`). An error of kind
 /// [`InvalidData`](std::io::ErrorKind::InvalidData) when the payload's
 /// checksum is not `location.payload_crc`; [`UnexpectedEof`] when the file
 /// ends first.
@@ -264,12 +286,39 @@ fn read_piecewise(
     payload: &mut [u8],
     location: &Location,
 ) -> std::io::Result<()> {
+    let crc = if copycrc::fused() {
+        BOUNCE.with_borrow_mut(|buffer| {
+            if buffer.is_empty() {
+                *buffer = vec![0u8; BOUNCE_BYTES + 4096];
+            }
+            let start = buffer.as_ptr().align_offset(4096);
+            let bounce = &mut buffer[start..start + BOUNCE_BYTES];
+            read_through(file, head, payload, location.offset, bounce)
+        })?
+    } else {
+        read_direct(file, head, payload, location.offset)?
+    };
+    if crc == location.payload_crc {
+        Ok(())
+    } else {
+        Err(std::io::ErrorKind::InvalidData.into())
+    }
+}
+
+/// [`read_piecewise`]'s reads straight into `payload`, each piece
+/// checksummed after it is read; the payload's crc32.
+fn read_direct(
+    file: &File,
+    head: &mut [u8],
+    payload: &mut [u8],
+    offset: u64,
+) -> std::io::Result<u32> {
     let (first, rest) = payload.split_at_mut(payload.len().min(READ_PIECE));
-    let mut at = location.offset + (head.len() + first.len()) as u64;
+    let mut at = offset + (head.len() + first.len()) as u64;
     vectored::read_exact_at(
         file,
         &mut [IoSliceMut::new(head), IoSliceMut::new(first)],
-        location.offset,
+        offset,
     )?;
     let mut crc = crc32fast::Hasher::new();
     crc.update(first);
@@ -278,9 +327,119 @@ fn read_piecewise(
         crc.update(piece);
         at += piece.len() as u64;
     }
-    if crc.finalize() == location.payload_crc {
-        Ok(())
-    } else {
-        Err(std::io::ErrorKind::InvalidData.into())
+    Ok(crc.finalize())
+}
+
+/// [`read_piecewise`]'s reads through `bounce`, each piece copied to
+/// `payload` with its crc folded in; the payload's crc32.
+fn read_through(
+    file: &File,
+    head: &mut [u8],
+    payload: &mut [u8],
+    offset: u64,
+    bounce: &mut [u8],
+) -> std::io::Result<u32> {
+    let first = payload.len().min(bounce.len());
+    vectored::read_exact_at(
+        file,
+        &mut [IoSliceMut::new(head), IoSliceMut::new(&mut bounce[..first])],
+        offset,
+    )?;
+    let mut crc = copycrc::copy_crc(0, &bounce[..first], &mut payload[..first]);
+    let mut at = offset + (head.len() + first) as u64;
+    for piece in payload[first..].chunks_mut(bounce.len()) {
+        let read = &mut bounce[..piece.len()];
+        file.read_exact_at(read, at)?;
+        crc = copycrc::copy_crc(crc, read, piece);
+        at += piece.len() as u64;
+    }
+    Ok(crc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file holding a 40-byte head, then `payload`, at offset 100.
+    fn record(payload: &[u8]) -> (tempfile::NamedTempFile, u64) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let mut bytes = vec![0xAAu8; 100 + 40];
+        bytes.extend_from_slice(payload);
+        bytes.extend_from_slice(&[0x55; 300]);
+        std::fs::write(file.path(), &bytes).unwrap();
+        (file, 100)
+    }
+
+    fn payload(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 131 + i / 4099) as u8).collect()
+    }
+
+    /// Both read paths (direct, and through the cached buffer, whatever
+    /// the CPU: `copy_crc` falls back to a plain copy) give the payload
+    /// and its crc, at lengths below, at and across their piece sizes,
+    /// into regions of every alignment within a cache line.
+    #[test]
+    fn both_paths_read_the_payload_and_its_crc() {
+        let mut bounce = vec![0u8; BOUNCE_BYTES + 4096];
+        let start = bounce.as_ptr().align_offset(4096);
+        let bounce = &mut bounce[start..start + BOUNCE_BYTES];
+        for len in [0, 1, 4097, READ_PIECE + 1, BOUNCE_BYTES, (2 << 20) + 77] {
+            let want = payload(len);
+            let (file, offset) = record(&want);
+            let file = File::open(file.path()).unwrap();
+            for align in [0usize, 1, 63] {
+                let mut region = vec![0u8; len + 128];
+                let at = region.as_ptr().align_offset(64) + align;
+                let region = &mut region[at..at + len];
+                let mut head = [0u8; 40];
+                assert_eq!(
+                    read_through(&file, &mut head, region, offset, bounce).unwrap(),
+                    crc32fast::hash(&want),
+                    "len {len}"
+                );
+                assert!(*region == want[..] && head == [0xAA; 40]);
+                region.fill(0);
+                assert_eq!(
+                    read_direct(&file, &mut head, region, offset).unwrap(),
+                    crc32fast::hash(&want)
+                );
+                assert!(*region == want[..]);
+            }
+        }
+    }
+
+    /// A payload with one byte changed, anywhere, fails its check on this
+    /// CPU's path; one that runs past the end of the file is
+    /// `UnexpectedEof`.
+    #[test]
+    fn a_changed_byte_or_a_short_file_is_caught() {
+        let len = (2 << 20) + 77;
+        let want = payload(len);
+        let location = |offset| Location {
+            segment: 0,
+            offset,
+            record_len: 0,
+            payload_len: len as u32,
+            payload_crc: crc32fast::hash(&want),
+            gap: 0,
+        };
+        for at in [0, 4095, BOUNCE_BYTES - 1, BOUNCE_BYTES, len - 1] {
+            let mut bad = want.clone();
+            bad[at] ^= 1;
+            let (file, offset) = record(&bad);
+            let file = File::open(file.path()).unwrap();
+            let mut region = vec![0u8; len];
+            let err =
+                read_piecewise(&file, &mut [0u8; 40], &mut region, &location(offset)).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "byte {at}");
+        }
+        let (file, offset) = record(&want);
+        let file = File::open(file.path()).unwrap();
+        let mut region = vec![0u8; len];
+        read_piecewise(&file, &mut [0u8; 40], &mut region, &location(offset)).unwrap();
+        assert!(region == want);
+        let err = read_piecewise(&file, &mut [0u8; 40], &mut region, &location(offset + 400))
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 }
