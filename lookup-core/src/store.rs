@@ -197,6 +197,18 @@ pub trait BlockStore: Tier {
         }
     }
 
+    /// The length of the block stored under `key`, when the store knows it
+    /// from memory, without I/O and without waiting (a local index); `None`
+    /// when it would have to ask (a remote tier: the provided form) or the
+    /// key is not stored. A [`TransferQueue`](crate::TransferQueue) refuses
+    /// a load at submission whose region's length differs from a length
+    /// known here ([`SubmitError::LengthMismatch`](crate::SubmitError::LengthMismatch));
+    /// the load itself checks every key again.
+    fn known_len(&self, key: &OffloadKey) -> Option<usize> {
+        let _ = key;
+        None
+    }
+
     /// Whether this store's futures do their I/O on the thread that polls
     /// them, blocking it (a local disk's reads and writes), rather than
     /// waiting on the runtime. A [`TransferQueue`](crate::TransferQueue)
@@ -311,6 +323,8 @@ pub trait DynBlockStore: Send + Sync + 'static {
         'r: 'a;
     /// [`BlockStore::io_blocks_thread`].
     fn io_blocks_thread_dyn(&self) -> bool;
+    /// [`BlockStore::known_len`].
+    fn known_len_dyn(&self, key: &OffloadKey) -> Option<usize>;
 }
 
 impl<S: BlockStore> DynBlockStore for S {
@@ -365,6 +379,9 @@ impl<S: BlockStore> DynBlockStore for S {
     }
     fn io_blocks_thread_dyn(&self) -> bool {
         self.io_blocks_thread()
+    }
+    fn known_len_dyn(&self, key: &OffloadKey) -> Option<usize> {
+        self.known_len(key)
     }
 }
 

@@ -594,6 +594,15 @@ impl BlockStore for DiskTier {
         true
     }
 
+    /// The payload length in the key's index entry (the memory-mapped
+    /// index, under its read lock; no segment is read).
+    fn known_len(&self, key: &OffloadKey) -> Option<usize> {
+        self.locations(std::iter::once(key))
+            .pop()
+            .flatten()
+            .map(|location| location.payload_len as usize)
+    }
+
     /// Named `disk` unless `config` names it; accepts keys of the tier's
     /// `key_len` only.
     fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {

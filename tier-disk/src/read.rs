@@ -105,7 +105,10 @@ impl DiskTier {
 
     /// Where each key's record lives (`None` for a key not stored, or of
     /// the wrong length), found under one index lock.
-    fn locations<'k>(&self, keys: impl Iterator<Item = &'k OffloadKey>) -> Vec<Option<Location>> {
+    pub(crate) fn locations<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k OffloadKey>,
+    ) -> Vec<Option<Location>> {
         let live = self.live();
         let key_len = self.config.key_len;
         let index = self.read_index();

@@ -133,6 +133,61 @@ fn a_load_reports_exactly_the_keys_that_survived() {
     assert!(bytes[3 * BLOCK..9 * BLOCK] == bytes[12 * BLOCK..]);
 }
 
+/// A load whose region is not the stored block's length (shorter or
+/// longer) is refused at submission, naming the region: the disk tier knows
+/// each block's length from its index. Nothing of the job runs (the other
+/// rows stay as they were); keys not stored pass the check and load as
+/// absent.
+#[test]
+fn a_load_into_a_row_of_the_wrong_length_is_refused_at_submit() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = open(dir.path(), FsyncPolicy::Never);
+    let queue = TransferQueue::new(Arc::clone(&tier), TransferConfig::default()).unwrap();
+    let keys: Vec<OffloadKey> = (0..3).map(key).collect();
+    let mut memory = Arc::new(HostMemory::zeroed(6 * BLOCK).unwrap());
+    fill(&mut memory, &keys);
+    queue
+        .submit_store(
+            keys.clone(),
+            memory.clone(),
+            Region::rows(0..3, BLOCK).unwrap(),
+        )
+        .unwrap();
+    assert!(reports(&queue, 1)[0].ok());
+    for len in [BLOCK - 1, BLOCK / 2, BLOCK + 1] {
+        let regions = vec![Region::new(3 * BLOCK, BLOCK), Region::new(4 * BLOCK, len)];
+        let refused = queue
+            .submit_load(keys[..2].to_vec(), memory.clone(), regions)
+            .unwrap_err();
+        assert_eq!(
+            refused,
+            kvtier_core::SubmitError::LengthMismatch {
+                index: 1,
+                stored: BLOCK,
+                region: len
+            }
+        );
+    }
+    assert!(queue.poll().is_empty(), "a refused job reports nothing");
+    let never_stored = key(99);
+    queue
+        .submit_load(
+            vec![keys[0].clone(), never_stored],
+            memory.clone(),
+            vec![Region::new(3 * BLOCK, BLOCK), Region::new(4 * BLOCK, 100)],
+        )
+        .unwrap();
+    let loaded = reports(&queue, 1).remove(0);
+    assert!(loaded.outcomes[0].is_done());
+    assert!(matches!(loaded.outcomes[1], BlockOutcome::Absent));
+    let bytes = Arc::get_mut(&mut memory).unwrap().as_mut_slice();
+    assert!(bytes[..BLOCK] == bytes[3 * BLOCK..4 * BLOCK]);
+    assert!(
+        bytes[4 * BLOCK..].iter().all(|&b| b == 0),
+        "rows of refused jobs untouched"
+    );
+}
+
 /// A drain while store jobs run: the running ones finish whole (every key
 /// they report stored loads back), the queued ones are cancelled (their
 /// keys never stored), and the memory is free once it returns.

@@ -99,6 +99,9 @@ impl<T: BlockStore> BlockStore for Closable<T> {
     fn io_blocks_thread(&self) -> bool {
         self.get().is_ok_and(|tier| tier.io_blocks_thread())
     }
+    fn known_len(&self, key: &OffloadKey) -> Option<usize> {
+        self.get().ok()?.known_len(key)
+    }
     fn manager_config(&self, config: ManagerConfig) -> ManagerConfig {
         match self.get() {
             Ok(tier) => tier.manager_config(config),

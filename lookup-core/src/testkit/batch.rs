@@ -322,6 +322,47 @@ pub async fn batch_empty<S: BlockStore>(fixture: &Fixture<S>) {
     );
 }
 
+/// [`BlockStore::known_len`], where a store answers it, is the length last
+/// stored under the key, and `None` for a key never stored or removed.
+pub async fn known_len_agrees_with_the_store<S: BlockStore>(fixture: &Fixture<S>) {
+    let name = fixture.name();
+    let keys = unique_keys(3, fixture.key_len());
+    let blocks = vec![
+        (keys[0].clone(), block_of(&keys[0], 4097)),
+        (keys[1].clone(), block_of(&keys[1], 10)),
+    ];
+    store_all(fixture, &blocks).await;
+    let tier = fixture.tier();
+    for (key, block) in &blocks {
+        let known = tier.known_len(key);
+        assert!(
+            known.is_none() || known == Some(block.len()),
+            "{name}: known_len {known:?} for a block of {} bytes",
+            block.len()
+        );
+    }
+    assert_eq!(
+        tier.known_len(&keys[2]),
+        None,
+        "{name}: known_len of a key never stored"
+    );
+    let longer = block_of(&keys[1], 300);
+    store_all(fixture, &[(keys[1].clone(), longer)]).await;
+    let known = tier.known_len(&keys[1]);
+    assert!(
+        known.is_none() || known == Some(300),
+        "{name}: known_len {known:?} after the block was stored again with 300 bytes"
+    );
+    if let Err(err) = tier.remove(&keys[0]).await {
+        panic!("{name}: remove failed: {err}");
+    }
+    assert_eq!(
+        tier.known_len(&keys[0]),
+        None,
+        "{name}: known_len of a removed key"
+    );
+}
+
 /// Every batch-form check above, in turn.
 pub async fn batch_forms<S: BlockStore>(fixture: &Fixture<S>) {
     batch_empty(fixture).await;
@@ -329,4 +370,5 @@ pub async fn batch_forms<S: BlockStore>(fixture: &Fixture<S>) {
     batch_absent_keys(fixture).await;
     batch_wrong_length_regions(fixture).await;
     batch_duplicates(fixture).await;
+    known_len_agrees_with_the_store(fixture).await;
 }

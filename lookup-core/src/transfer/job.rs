@@ -134,6 +134,21 @@ pub enum SubmitError {
         /// The region's position in the job.
         index: usize,
     },
+    /// A load's region is not the length of the block stored under its
+    /// key, as the store knows it without I/O
+    /// ([`BlockStore::known_len`](crate::BlockStore::known_len)): the load
+    /// would fail for that key.
+    #[error(
+        "region {index} is {region} bytes but the block stored under its key is {stored}: a load needs a region of the block's length"
+    )]
+    LengthMismatch {
+        /// The region's position in the job.
+        index: usize,
+        /// The stored block's length.
+        stored: usize,
+        /// The region's length.
+        region: usize,
+    },
     /// The queue is shut down.
     #[error("the transfer queue is shut down")]
     ShutDown,

@@ -193,6 +193,20 @@ impl Shared {
 
     pub(super) fn submit(self: &Arc<Self>, job: TransferJob) -> Result<JobId, SubmitError> {
         let (claimed, bytes) = check(&job)?;
+        if job.kind == JobKind::Load {
+            for (index, (key, region)) in job.keys.iter().zip(&job.regions).enumerate() {
+                match self.store.known_len_dyn(key) {
+                    Some(stored) if stored != region.len => {
+                        return Err(SubmitError::LengthMismatch {
+                            index,
+                            stored,
+                            region: region.len,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        }
         let submitted = Instant::now();
         let timeout = job
             .timeout

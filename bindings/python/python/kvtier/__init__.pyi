@@ -120,8 +120,10 @@ class _NativeManager(_Manager):
     def submit_load(self, keys: Sequence[bytes], view: Any, rows: Sequence[int] | Any) -> int:
         """Loads each key's block into row `rows[i]` of `view` (writable; a
         read-only view raises `TierInvalidInputError`); the stored block must
-        be exactly one row long, else that key fails. Do not read or write
-        its rows until the job's result is polled."""
+        be exactly one row long: the disk tier raises `TierInvalidInputError`
+        at submit for a row of another length (it knows each block's length);
+        on Redis and S3 that key fails when the job runs. Do not read or
+        write its rows until the job's result is polled."""
     def poll_jobs(self) -> list[JobResult]:
         """The jobs that ended since the last call. A store's successful keys
         are marked present, and a load's absent or failed keys missing,
