@@ -5,7 +5,7 @@ mod common;
 
 use std::os::unix::fs::FileExt;
 
-use common::{key, payload, payload_at, small};
+use common::{key, pairs, payload, payload_at, small};
 use kvtier_core::{BlockOutcome, OffloadKey, TierErrorKind};
 use kvtier_disk::DiskTier;
 
@@ -36,11 +36,7 @@ fn a_batch_spanning_several_segments_round_trips_and_survives_a_reopen() {
             block
         })
         .collect();
-    let batch: Vec<(&OffloadKey, &[u8])> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (k, b.as_slice()))
-        .collect();
+    let batch = pairs(&keys, &blocks);
     let outcomes = tier.store_batch_blocking(&batch);
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
     assert!(
@@ -98,35 +94,26 @@ fn large_and_small_payloads_round_trip_and_rebuild() {
                 .collect()
         })
         .collect();
-    let batch: Vec<(&OffloadKey, &[u8])> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (k, b.as_slice()))
-        .collect();
-    let outcomes = tier.store_batch_blocking(&batch);
+    let outcomes = tier.store_batch_blocking(&pairs(&keys, &blocks));
     assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
     assert!(tier.stats().segments >= 2, "{:?}", tier.stats());
-    let (outcomes, regions) = load(&tier, &keys, &lens);
-    assert!(outcomes.iter().all(BlockOutcome::is_done), "{outcomes:?}");
-    assert!(regions == blocks);
+    let loads_back = |tier: &DiskTier, when: &str| {
+        let (outcomes, regions) = load(tier, &keys, &lens);
+        assert!(
+            outcomes.iter().all(BlockOutcome::is_done),
+            "{when}: {outcomes:?}"
+        );
+        assert!(regions == blocks, "{when}: the bytes differ");
+        assert_eq!(tier.stats().corrupt_loads, 0, "{when}");
+    };
+    loads_back(&tier, "stored");
     drop(tier);
-    let tier = DiskTier::open(config()).unwrap();
-    let (outcomes, regions) = load(&tier, &keys, &lens);
-    assert!(
-        outcomes.iter().all(BlockOutcome::is_done),
-        "reopened: {outcomes:?}"
-    );
-    assert!(regions == blocks, "reopened");
-    drop(tier);
+    loads_back(&DiskTier::open(config()).unwrap(), "reopened");
     std::fs::remove_file(dir.path().join("index.kvx")).unwrap();
-    let tier = DiskTier::open(config()).unwrap();
-    let (outcomes, regions) = load(&tier, &keys, &lens);
-    assert!(
-        outcomes.iter().all(BlockOutcome::is_done),
-        "rebuilt: {outcomes:?}"
+    loads_back(
+        &DiskTier::open(config()).unwrap(),
+        "rebuilt from the segments",
     );
-    assert!(regions == blocks, "rebuilt");
-    assert_eq!(tier.stats().corrupt_loads, 0);
 }
 
 #[test]
@@ -172,11 +159,7 @@ fn a_damaged_record_is_a_miss_and_its_neighbours_load() {
     let tier = DiskTier::open(small(dir.path())).unwrap();
     let keys = [key(0), key(1), key(2)];
     let blocks = [vec![1u8; 1000], vec![2u8; 1000], vec![3u8; 1000]];
-    let batch: Vec<(&OffloadKey, &[u8])> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (k, b.as_slice()))
-        .collect();
+    let batch = pairs(&keys, &blocks);
     assert!(
         tier.store_batch_blocking(&batch)
             .iter()
@@ -214,11 +197,7 @@ fn keys_of_a_removed_segment_are_absent_and_the_others_load() {
     let tier = DiskTier::open(small(dir.path())).unwrap();
     let keys: Vec<OffloadKey> = (0..40).map(key).collect();
     let blocks: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; 6000]).collect();
-    let batch: Vec<(&OffloadKey, &[u8])> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (k, b.as_slice()))
-        .collect();
+    let batch = pairs(&keys, &blocks);
     assert!(
         tier.store_batch_blocking(&batch)
             .iter()

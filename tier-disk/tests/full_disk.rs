@@ -11,7 +11,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{key, payload};
+use common::{key, pairs, payload};
 use kvtier_disk::{DiskConfig, DiskError, DiskTier, FsyncPolicy};
 
 /// A small filesystem mounted on a fresh directory; unmounted on drop.
@@ -240,11 +240,7 @@ fn a_batch_that_fills_the_disk_keeps_its_stored_blocks_and_fails_the_rest() {
     let tier = DiskTier::open(config.clone()).unwrap();
     let keys: Vec<OffloadKey> = (0..200).map(key).collect();
     let blocks: Vec<Vec<u8>> = (0..200).map(|i| vec![i as u8; 100_000]).collect();
-    let batch: Vec<(&OffloadKey, &[u8])> = keys
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (k, b.as_slice()))
-        .collect();
+    let batch = pairs(&keys, &blocks);
     let outcomes = tier.store_batch_blocking(&batch);
     let stored = outcomes.iter().take_while(|o| o.is_done()).count();
     assert!(

@@ -54,6 +54,35 @@ fn fill(memory: &mut Arc<HostMemory>, keys: &[OffloadKey]) {
     }
 }
 
+/// A queue over a fresh tier in `dir` with blocks `0..n` stored from the
+/// first `n` rows of a memory of `rows` rows: the tier, the queue, the
+/// keys and the memory.
+fn stored(
+    dir: &std::path::Path,
+    n: usize,
+    rows: usize,
+) -> (
+    Arc<DiskTier>,
+    TransferQueue,
+    Vec<OffloadKey>,
+    Arc<HostMemory>,
+) {
+    let tier = open(dir, FsyncPolicy::Never);
+    let queue = TransferQueue::new(Arc::clone(&tier), TransferConfig::default()).unwrap();
+    let keys: Vec<OffloadKey> = (0..n as u64).map(key).collect();
+    let mut memory = Arc::new(HostMemory::zeroed(rows * BLOCK).unwrap());
+    fill(&mut memory, &keys);
+    queue
+        .submit_store(
+            keys.clone(),
+            memory.clone(),
+            Region::rows(0..n, BLOCK).unwrap(),
+        )
+        .unwrap();
+    assert!(reports(&queue, 1)[0].ok());
+    (tier, queue, keys, memory)
+}
+
 #[test]
 fn blocks_of_2_mib_round_trip_through_the_queue() {
     for fsync in [FsyncPolicy::Never, FsyncPolicy::Always] {
@@ -93,19 +122,7 @@ fn blocks_of_2_mib_round_trip_through_the_queue() {
 #[test]
 fn a_load_reports_exactly_the_keys_that_survived() {
     let dir = tempfile::tempdir().unwrap();
-    let tier = open(dir.path(), FsyncPolicy::Never);
-    let queue = TransferQueue::new(Arc::clone(&tier), TransferConfig::default()).unwrap();
-    let keys: Vec<OffloadKey> = (0..9).map(key).collect();
-    let mut memory = Arc::new(HostMemory::zeroed(18 * BLOCK).unwrap());
-    fill(&mut memory, &keys);
-    queue
-        .submit_store(
-            keys.clone(),
-            memory.clone(),
-            Region::rows(0..9, BLOCK).unwrap(),
-        )
-        .unwrap();
-    assert!(reports(&queue, 1)[0].ok());
+    let (_tier, queue, keys, mut memory) = stored(dir.path(), 9, 18);
     // Segment 1 holds the first three records.
     std::fs::remove_file(dir.path().join("seg-0000000000000001.kvs")).unwrap();
     queue
@@ -141,19 +158,7 @@ fn a_load_reports_exactly_the_keys_that_survived() {
 #[test]
 fn a_load_into_a_row_of_the_wrong_length_is_refused_at_submit() {
     let dir = tempfile::tempdir().unwrap();
-    let tier = open(dir.path(), FsyncPolicy::Never);
-    let queue = TransferQueue::new(Arc::clone(&tier), TransferConfig::default()).unwrap();
-    let keys: Vec<OffloadKey> = (0..3).map(key).collect();
-    let mut memory = Arc::new(HostMemory::zeroed(6 * BLOCK).unwrap());
-    fill(&mut memory, &keys);
-    queue
-        .submit_store(
-            keys.clone(),
-            memory.clone(),
-            Region::rows(0..3, BLOCK).unwrap(),
-        )
-        .unwrap();
-    assert!(reports(&queue, 1)[0].ok());
+    let (_tier, queue, keys, mut memory) = stored(dir.path(), 3, 6);
     for len in [BLOCK - 1, BLOCK / 2, BLOCK + 1] {
         let regions = vec![Region::new(3 * BLOCK, BLOCK), Region::new(4 * BLOCK, len)];
         let refused = queue

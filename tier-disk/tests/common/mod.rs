@@ -14,6 +14,14 @@ pub fn key(i: u64) -> OffloadKey {
     OffloadKey::new(&bytes)
 }
 
+/// A batch for the in-place forms: each key with its block.
+pub fn pairs<'a>(keys: &'a [OffloadKey], blocks: &'a [Vec<u8>]) -> Vec<(&'a OffloadKey, &'a [u8])> {
+    keys.iter()
+        .zip(blocks)
+        .map(|(k, b)| (k, b.as_slice()))
+        .collect()
+}
+
 /// The payload stored under key `i` (version `v`): length and bytes derived from both.
 pub fn payload(i: u64, v: u64, max: usize) -> Vec<u8> {
     let len = 1 + ((i.wrapping_mul(31) ^ v.wrapping_mul(17)) as usize % max.max(1));
