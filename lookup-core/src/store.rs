@@ -198,9 +198,12 @@ pub trait BlockStore: Tier {
     }
 
     /// The length of the block stored under `key`, when the store knows it
-    /// from memory, without I/O and without waiting (a local index); `None`
-    /// when it would have to ask (a remote tier: the provided form) or the
-    /// key is not stored. A [`TransferQueue`](crate::TransferQueue) refuses
+    /// without reading a block or asking a server (a local index; it may
+    /// wait briefly on the store's own lock, and a memory-mapped index may
+    /// fault a page in); `None` when it would have to ask (a remote tier:
+    /// the provided form) or the key is not stored. Called once per key of
+    /// each load submitted to a [`TransferQueue`](crate::TransferQueue), on
+    /// the submitting thread. A [`TransferQueue`](crate::TransferQueue) refuses
     /// a load at submission whose region's length differs from a length
     /// known here ([`SubmitError::LengthMismatch`](crate::SubmitError::LengthMismatch));
     /// the load itself checks every key again.

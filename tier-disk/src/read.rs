@@ -1,6 +1,8 @@
 //! The read path: a load finds its key's location in the index, then reads
-//! the record (its payload straight into the caller's region for a batch)
-//! and checks it. A record that fails a check turns its key into a miss.
+//! the record (its payload into the caller's region for a batch: straight
+//! in, or on CPUs with AVX-512 and `VPCLMULQDQ` through a 512 KiB buffer per
+//! loading thread with the check folded into the copy) and checks it. A
+//! record that fails a check turns its key into a miss.
 
 use std::fs::File;
 use std::io::IoSliceMut;

@@ -1,7 +1,9 @@
 //! Positioned vectored I/O (`pwritev` / `preadv`) that completes short
 //! transfers: a batch's records go to a segment in one call from the
-//! caller's buffers, and a load reads a record's head and its payload
-//! straight into the caller's region, with no intermediate copy.
+//! caller's buffers, and a load reads a record's head with the first piece
+//! of its payload in one call (into the caller's region, or into the
+//! loading thread's read buffer on CPUs with the fused check: see
+//! `read.rs`).
 
 use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut};

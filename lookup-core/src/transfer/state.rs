@@ -193,6 +193,11 @@ impl Shared {
 
     pub(super) fn submit(self: &Arc<Self>, job: TransferJob) -> Result<JobId, SubmitError> {
         let (claimed, bytes) = check(&job)?;
+        if lock(&self.state).closed {
+            // Said before the length check below, which may wait on the
+            // store's own lock: no other lock is held meanwhile.
+            return Err(SubmitError::ShutDown);
+        }
         if job.kind == JobKind::Load {
             for (index, (key, region)) in job.keys.iter().zip(&job.regions).enumerate() {
                 match self.store.known_len_dyn(key) {
