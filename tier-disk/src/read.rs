@@ -293,12 +293,7 @@ fn read_piecewise(
 ) -> std::io::Result<()> {
     let crc = if copycrc::fused() {
         BOUNCE.with_borrow_mut(|buffer| {
-            if buffer.is_empty() {
-                *buffer = vec![0u8; BOUNCE_BYTES + 4096];
-            }
-            let start = buffer.as_ptr().align_offset(4096);
-            let bounce = &mut buffer[start..start + BOUNCE_BYTES];
-            read_through(file, head, payload, location.offset, bounce)
+            read_through(file, head, payload, location.offset, bounce(buffer))
         })?
     } else {
         read_direct(file, head, payload, location.offset)?
@@ -308,6 +303,16 @@ fn read_piecewise(
     } else {
         Err(std::io::ErrorKind::InvalidData.into())
     }
+}
+
+/// The page-aligned `BOUNCE_BYTES` of `buffer`, allocated (with a page
+/// to align in) on first use.
+fn bounce(buffer: &mut Vec<u8>) -> &mut [u8] {
+    if buffer.is_empty() {
+        *buffer = vec![0u8; BOUNCE_BYTES + 4096];
+    }
+    let start = buffer.as_ptr().align_offset(4096);
+    &mut buffer[start..start + BOUNCE_BYTES]
 }
 
 /// [`read_piecewise`]'s reads straight into `payload`, each piece
@@ -385,9 +390,8 @@ mod tests {
     /// into regions of every alignment within a cache line.
     #[test]
     fn both_paths_read_the_payload_and_its_crc() {
-        let mut bounce = vec![0u8; BOUNCE_BYTES + 4096];
-        let start = bounce.as_ptr().align_offset(4096);
-        let bounce = &mut bounce[start..start + BOUNCE_BYTES];
+        let mut buffer = Vec::new();
+        let bounce = bounce(&mut buffer);
         for len in [0, 1, 4097, READ_PIECE + 1, BOUNCE_BYTES, (2 << 20) + 77] {
             let want = payload(len);
             let (file, offset) = record(&want);
