@@ -19,8 +19,8 @@ use tokio::sync::OnceCell;
 
 use crate::io::Io;
 use crate::lean::{self, LeanPool};
+use crate::names::Names;
 use crate::route::{ConnError, Shard, Target};
-use crate::slot::PrefixedSlots;
 
 /// A Redis Cluster: its client, one connection (made on the tier's I/O
 /// runtime, where its driver reconnects), and the slot map.
@@ -31,8 +31,8 @@ pub(crate) struct Cluster {
     /// The seed's settings for masters' lean connections (host and port
     /// replaced), if the lean path is on and the seed is plain TCP.
     lean: Option<lean::Endpoint>,
-    /// Slots of this tier's names (prefix + key).
-    key_slots: PrefixedSlots,
+    /// This tier's names, and their slots.
+    names: Names,
 }
 
 /// Slot ranges and the master owning each, from `CLUSTER SLOTS`.
@@ -60,13 +60,13 @@ impl SlotMap {
 }
 
 impl Cluster {
-    pub(crate) fn new(client: ClusterClient, lean: Option<lean::Endpoint>, prefix: &[u8]) -> Self {
+    pub(crate) fn new(client: ClusterClient, lean: Option<lean::Endpoint>, names: Names) -> Self {
         Self {
             client,
             conn: OnceCell::new(),
             slots: RwLock::new(None),
             lean,
-            key_slots: PrefixedSlots::new(prefix),
+            names,
         }
     }
 
@@ -105,7 +105,7 @@ impl Cluster {
         let map = self.slot_map(io).await?;
         let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters.len() + 1];
         for (pos, key) in keys.iter().enumerate() {
-            let slot = self.key_slots.slot(key.as_bytes());
+            let slot = self.names.slot(key.as_bytes());
             groups[map.owner(slot).unwrap_or(map.masters.len())].push((pos, slot));
         }
         Ok(groups

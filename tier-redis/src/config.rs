@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::RedisTierError;
+use crate::names::KeyLayout;
 
 /// Where and how a [`RedisTier`](crate::RedisTier) talks to Redis.
 ///
@@ -37,6 +38,17 @@ pub struct RedisConfig {
     pub tls_ca_cert: Option<PathBuf>,
     /// Prefix of every Redis key; the block key's bytes follow it. Default `"kvtier:"`.
     pub key_prefix: String,
+    /// How a block's key becomes its Redis name ([`KeyLayout`]): `"plain"`
+    /// (prefix, then the key's bytes) or `"tagged"` (prefix, a four-digit
+    /// hash tag of the key, then its bytes). `None` (the default): tagged
+    /// on a cluster, whose servers then hash four bytes per command into a
+    /// slot instead of the whole name, unless the prefix holds a `{` (its
+    /// own hash tag decides the slot); plain on a single server, which
+    /// hashes no slot. Names are what a block is found by: tiers sharing
+    /// stored blocks need the same prefix and layout, and a cluster's blocks
+    /// stored as plain names (the only layout before this field) are found
+    /// with `Some(KeyLayout::Plain)`.
+    pub key_layout: Option<KeyLayout>,
     /// Time to live of every block the tier stores (through
     /// [`BlockStore`](kvtier_core::BlockStore) and
     /// [`store_nx`](crate::RedisTier::store_nx)), in milliseconds, sent as
@@ -74,6 +86,7 @@ impl Default for RedisConfig {
             password: None,
             tls_ca_cert: None,
             key_prefix: "kvtier:".to_owned(),
+            key_layout: None,
             ttl_ms: None,
             pipeline_chunk: 512,
             max_chunks_in_flight: 8,
@@ -102,6 +115,17 @@ impl RedisConfig {
         }
     }
 
+    /// The layout of the names: [`key_layout`](Self::key_layout), or its
+    /// default for this topology and prefix.
+    pub fn layout(&self) -> KeyLayout {
+        self.key_layout
+            .unwrap_or(if self.is_cluster() && !self.key_prefix.contains('{') {
+                KeyLayout::Tagged
+            } else {
+                KeyLayout::Plain
+            })
+    }
+
     /// Whether this configures a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         !self.cluster_urls.is_empty()
@@ -123,6 +147,13 @@ impl RedisConfig {
         };
         if !self.is_cluster() && self.url.is_empty() {
             return bad("url", "must name a server (or set cluster_urls)");
+        }
+        if self.key_layout == Some(KeyLayout::Tagged) && self.key_prefix.contains('{') {
+            return bad(
+                "key_prefix",
+                "must hold no '{' with key_layout = \"tagged\" (the prefix's own hash tag \
+                 would decide every key's slot): remove it, or use key_layout = \"plain\"",
+            );
         }
         if self.pipeline_chunk == 0 {
             return bad("pipeline_chunk", "must be at least 1");
@@ -251,6 +282,7 @@ impl fmt::Debug for RedisConfig {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("tls_ca_cert", &self.tls_ca_cert)
             .field("key_prefix", &self.key_prefix)
+            .field("key_layout", &self.key_layout)
             .field("ttl_ms", &self.ttl_ms)
             .field("pipeline_chunk", &self.pipeline_chunk)
             .field("max_chunks_in_flight", &self.max_chunks_in_flight)
@@ -306,6 +338,48 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_layout_defaults_to_tagged_on_a_cluster_only() {
+        let single = RedisConfig::default();
+        assert_eq!(single.layout(), KeyLayout::Plain);
+        let cluster = RedisConfig::cluster(["redis://127.0.0.1:1"]);
+        assert_eq!(cluster.layout(), KeyLayout::Tagged);
+        // A prefix with its own hash tag: that tag decides the slot.
+        let own_tag = RedisConfig {
+            key_prefix: "kvtier:{shard}:".into(),
+            ..cluster.clone()
+        };
+        assert_eq!(own_tag.layout(), KeyLayout::Plain);
+        own_tag
+            .validate()
+            .expect("the default layout takes any prefix");
+        let asked = RedisConfig {
+            key_layout: Some(KeyLayout::Tagged),
+            ..own_tag
+        };
+        let err = asked.validate().expect_err("a tag after the prefix's own");
+        assert!(
+            matches!(
+                err,
+                RedisTierError::InvalidConfig {
+                    field: "key_prefix",
+                    ..
+                }
+            ) && err.to_string().contains("key_layout"),
+            "{err}"
+        );
+        let plain = RedisConfig {
+            key_layout: Some(KeyLayout::Plain),
+            ..cluster
+        };
+        assert_eq!(plain.layout(), KeyLayout::Plain);
+        // Written in a configuration file as a lowercase word.
+        let parsed: RedisConfig =
+            serde_json::from_str(r#"{"key_layout": "tagged"}"#).expect("parses");
+        assert_eq!(parsed.key_layout, Some(KeyLayout::Tagged));
+        assert!(serde_json::from_str::<RedisConfig>(r#"{"key_layout": "hashed"}"#).is_err());
+    }
 
     #[test]
     fn passwords_never_show() {

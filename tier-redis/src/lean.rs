@@ -32,6 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::names::Names;
 use crate::reply::exists_answer;
 
 /// Idle connections kept per server.
@@ -202,7 +203,7 @@ impl LeanPool {
         }
     }
 
-    /// Whether each `prefix` + key exists, in order.
+    /// Whether each key's name (see `names`) exists, in order.
     ///
     /// The pipeline ends with an end marker, `TYPE <first name>` (same
     /// slot, same ACL category as EXISTS), whose simple-string reply must
@@ -210,20 +211,20 @@ impl LeanPool {
     /// extra reply puts it out of place.
     pub(crate) async fn exists<'a>(
         &self,
-        prefix: &[u8],
+        names: &Names,
         keys: impl ExactSizeIterator<Item = &'a OffloadKey>,
     ) -> Result<Vec<bool>, LeanError> {
         let n = keys.len();
-        let mut out = Vec::with_capacity((n + 1) * (prefix.len() + 64));
+        let mut out = Vec::with_capacity((n + 1) * names.len(64));
         let mut first = None;
         for key in keys {
             first.get_or_insert(key);
-            encode_exists(&mut out, prefix, key.as_bytes());
+            encode_exists(&mut out, names, key.as_bytes());
         }
         let Some(first) = first else {
             return Ok(Vec::new());
         };
-        encode_end_marker(&mut out, prefix, first.as_bytes());
+        encode_end_marker(&mut out, names, first.as_bytes());
         let mut conn = match self.take_idle() {
             Some(conn) => conn,
             None => self.connect().await?,
@@ -453,26 +454,25 @@ fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
-/// Appends `EXISTS <prefix><key>` without building the name first.
-fn encode_exists(out: &mut Vec<u8>, prefix: &[u8], key: &[u8]) {
-    encode_key_command(out, b"*2\r\n$6\r\nEXISTS\r\n$", prefix, key);
+/// Appends `EXISTS <name of key>` without building the name first.
+fn encode_exists(out: &mut Vec<u8>, names: &Names, key: &[u8]) {
+    encode_key_command(out, b"*2\r\n$6\r\nEXISTS\r\n$", names, key);
 }
 
-/// Appends the end marker of a pipeline: `TYPE <prefix><key>`.
-fn encode_end_marker(out: &mut Vec<u8>, prefix: &[u8], key: &[u8]) {
-    encode_key_command(out, b"*2\r\n$4\r\nTYPE\r\n$", prefix, key);
+/// Appends the end marker of a pipeline: `TYPE <name of key>`.
+fn encode_end_marker(out: &mut Vec<u8>, names: &Names, key: &[u8]) {
+    encode_key_command(out, b"*2\r\n$4\r\nTYPE\r\n$", names, key);
 }
 
 /// Appends a two-part command: `head` (the array header, the command's
-/// bulk string and the `$` of the argument), then `<prefix><key>` as the
+/// bulk string and the `$` of the argument), then the name of `key` as the
 /// argument's length and bytes.
 #[inline]
-fn encode_key_command(out: &mut Vec<u8>, head: &[u8], prefix: &[u8], key: &[u8]) {
+fn encode_key_command(out: &mut Vec<u8>, head: &[u8], names: &Names, key: &[u8]) {
     out.extend_from_slice(head);
-    push_decimal(out, prefix.len() + key.len());
+    push_decimal(out, names.len(key.len()));
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(prefix);
-    out.extend_from_slice(key);
+    names.write(out, key);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -553,7 +553,11 @@ mod tests {
         encode(&mut out, &[b"EXISTS", b"p:\x00\r\n"]);
         assert_eq!(out, b"*2\r\n$6\r\nEXISTS\r\n$5\r\np:\x00\r\n\r\n");
         let mut same = Vec::new();
-        encode_exists(&mut same, b"p:", b"\x00\r\n");
+        encode_exists(
+            &mut same,
+            &Names::new(b"p:", crate::KeyLayout::Plain),
+            b"\x00\r\n",
+        );
         assert_eq!(same, out);
         let mut n = Vec::new();
         push_decimal(&mut n, 0);

@@ -92,7 +92,7 @@ impl RedisTier {
         if !self.lean.is_open() {
             return Ok(None);
         }
-        match pool.exists(self.config.key_prefix.as_bytes(), keys).await {
+        match pool.exists(&self.names, keys).await {
             Ok(found) => {
                 self.lean.answered();
                 Ok(Some(found))
@@ -123,7 +123,7 @@ impl RedisTier {
     /// [`reply::exists_answers`]).
     fn exists_pipeline<'a>(&self, keys: impl ExactSizeIterator<Item = &'a OffloadKey>) -> Pipeline {
         let mut pipe = Pipeline::with_capacity(keys.len() + 1);
-        let mut name = Vec::with_capacity(self.config.key_prefix.len() + 64);
+        let mut name = Vec::with_capacity(self.names.len(64));
         let mut first = None;
         for key in keys {
             first.get_or_insert(key);

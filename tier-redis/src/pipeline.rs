@@ -171,22 +171,19 @@ impl RedisTier {
         }
     }
 
-    /// The name of `key`: prefix, then the key's bytes.
+    /// The name of `key` (see [`Names`](crate::names::Names)).
     pub(crate) fn full_key(&self, key: &OffloadKey) -> Vec<u8> {
-        let mut k = Vec::with_capacity(self.config.key_prefix.len() + key.len());
-        self.write_full_key(&mut k, key);
-        k
+        self.names.name(key.as_bytes())
     }
 
-    /// Writes prefix + key into `buf` (cleared first): one buffer reused for
-    /// a whole batch instead of an allocation per key.
+    /// Writes the name of `key` into `buf` (cleared first): one buffer
+    /// reused for a whole batch instead of an allocation per key.
     pub(crate) fn write_full_key(&self, buf: &mut Vec<u8>, key: &OffloadKey) {
         buf.clear();
-        buf.extend_from_slice(self.config.key_prefix.as_bytes());
-        buf.extend_from_slice(key.as_bytes());
+        self.names.write(buf, key.as_bytes());
     }
 
-    /// `name <prefix><key>`.
+    /// `name <key's name>`.
     pub(crate) fn key_cmd(&self, name: &str, key: &OffloadKey) -> redis::Cmd {
         let mut cmd = redis::cmd(name);
         cmd.arg(self.full_key(key));

@@ -64,7 +64,7 @@ const fn crc_tables() -> [[u16; 256]; 8] {
 }
 
 /// CRC16/XMODEM (polynomial 0x1021, initial value 0).
-fn crc16(bytes: &[u8]) -> u16 {
+pub(crate) fn crc16(bytes: &[u8]) -> u16 {
     crc16_update(0, bytes)
 }
 

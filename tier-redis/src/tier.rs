@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::Spawner;
+use kvtier_core::{OffloadKey, Spawner};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, IntoConnectionInfo, TlsCertificates};
 
@@ -14,6 +14,7 @@ use crate::connection::{Connection, Single};
 use crate::error::{RedisTierError, Result};
 use crate::io::Io;
 use crate::lean::{self, LeanGate, LeanPool};
+use crate::names::{KeyLayout, Names};
 
 /// A Redis tier; see the crate documentation.
 ///
@@ -26,6 +27,8 @@ pub struct RedisTier {
     pub(crate) endpoint: String,
     pub(crate) conn: Connection,
     pub(crate) lean: LeanGate,
+    /// The names of its keys (prefix and layout).
+    pub(crate) names: Names,
 }
 
 impl std::fmt::Debug for RedisTier {
@@ -76,8 +79,9 @@ impl RedisTier {
             .map(config::read_ca_pem)
             .transpose()?;
         let io = Io::new(spawner.clone());
+        let names = Names::new(config.key_prefix.as_bytes(), config.layout());
         let (endpoint, conn) = if config.is_cluster() {
-            cluster(&config, root_cert, io)?
+            cluster(&config, &names, root_cert, io)?
         } else {
             single(&config, root_cert, io)?
         };
@@ -86,6 +90,7 @@ impl RedisTier {
             endpoint,
             conn,
             lean: LeanGate::new(),
+            names,
         })
     }
 
@@ -97,6 +102,18 @@ impl RedisTier {
     /// Where it connects, without credentials.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The layout of its names: [`RedisConfig::key_layout`], or the
+    /// default it resolved to ([`RedisConfig::layout`]).
+    pub fn key_layout(&self) -> KeyLayout {
+        self.names.layout()
+    }
+
+    /// The Redis name `key` is stored under (prefix and layout applied), as
+    /// `redis-cli` would be given it.
+    pub fn key_name(&self, key: &OffloadKey) -> Vec<u8> {
+        self.names.name(key.as_bytes())
     }
 }
 
@@ -117,6 +134,7 @@ fn tls(root_cert: Vec<u8>) -> TlsCertificates {
 /// taken from the first seed.
 fn cluster(
     config: &RedisConfig,
+    names: &Names,
     root_cert: Option<Vec<u8>>,
     io: Io,
 ) -> Result<(String, Connection)> {
@@ -145,7 +163,7 @@ fn cluster(
         .cluster_urls
         .first()
         .and_then(|seed| lean_endpoint(seed, config));
-    let cluster = Cluster::new(client, lean, config.key_prefix.as_bytes());
+    let cluster = Cluster::new(client, lean, names.clone());
     let endpoint = format!("redis cluster [{}]", seeds.join(", "));
     Ok((endpoint, Connection::cluster(cluster, io)))
 }

@@ -174,8 +174,9 @@ impl Cluster {
             .expect("INFO names the pid")
     }
 
-    /// The node (index) owning `key`'s slot, from CLUSTER SLOTS.
-    fn owners(&self, keys: &[OffloadKey]) -> Vec<usize> {
+    /// The node (index) owning the slot of each key's name in `tier`, from
+    /// CLUSTER SLOTS.
+    fn owners(&self, tier: &RedisTier, keys: &[OffloadKey]) -> Vec<usize> {
         let slots = redis_cli(self.cluster.nodes[0].port, &["CLUSTER", "SLOTS"]);
         // redis-cli prints each range as: start, end, host, port, id, ...
         let lines: Vec<&str> = slots.lines().collect();
@@ -201,9 +202,7 @@ impl Cluster {
         }
         keys.iter()
             .map(|key| {
-                let mut name = PREFIX.as_bytes().to_vec();
-                name.extend_from_slice(key.as_bytes());
-                let slot = key_slot(&name);
+                let slot = key_slot(&tier.key_name(key));
                 ranges
                     .iter()
                     .find(|&&(s, e, _)| s <= slot && slot <= e)
@@ -250,7 +249,7 @@ async fn a_killed_cluster_master_fails_exactly_its_own_keys() {
     };
     let tier = cluster.tier();
     let keys = unique_keys(48, 36);
-    let owners = cluster.owners(&keys);
+    let owners = cluster.owners(&tier, &keys);
     assert_eq!(
         owners.iter().collect::<HashSet<_>>().len(),
         3,
@@ -285,7 +284,7 @@ async fn a_stopped_cluster_master_fails_exactly_its_own_keys() {
     };
     let tier = Arc::new(cluster.tier());
     let keys = unique_keys(48, 36);
-    let owners = cluster.owners(&keys);
+    let owners = cluster.owners(&tier, &keys);
     // Connections made and the slot map cached first, by a batch over every
     // master. (An empty batch, as this test had, does neither: the batch
     // below then asked for the slot map itself, racing the SIGSTOP, and
@@ -348,7 +347,8 @@ async fn a_slot_map_fetched_while_a_master_is_silent_serves_the_running_masters(
         return;
     };
     let keys = unique_keys(64, 36);
-    let owners = cluster.owners(&keys);
+    // Names as every tier over it gives them (same configuration).
+    let owners = cluster.owners(&cluster.tier(), &keys);
     let running: Vec<OffloadKey> = keys
         .iter()
         .zip(&owners)

@@ -498,3 +498,118 @@ async fn tls_connections_verify_the_server_certificate() {
     .unwrap();
     assert!(untrusted.exists_many(&keys).await.is_err());
 }
+
+/// Names follow the layout (`RedisConfig::key_layout`): a raw client finds
+/// each block under `key_name`, built as documented; on a cluster the
+/// servers' `CLUSTER KEYSLOT` agrees with the tier's slot of the name, and
+/// the default is the tagged layout. A tier of the other layout over the
+/// same server does not see the blocks (the names differ).
+#[tokio::test]
+async fn names_follow_the_key_layout() {
+    use kvtier_redis::{KeyLayout, key_slot};
+    for base in tiers("names_follow_the_key_layout") {
+        let cluster = base.config().is_cluster();
+        let expected_default = if cluster {
+            KeyLayout::Tagged
+        } else {
+            KeyLayout::Plain
+        };
+        assert_eq!(base.key_layout(), expected_default, "{}", base.endpoint());
+        let with = |layout| {
+            RedisTier::new(RedisConfig {
+                key_prefix: "kvtier-layout:".into(),
+                key_layout: Some(layout),
+                ..base.config().clone()
+            })
+            .unwrap()
+        };
+        let (plain, tagged) = (with(KeyLayout::Plain), with(KeyLayout::Tagged));
+        // Binary keys, braces included: a brace in a plain name's key is
+        // the server's hash tag, which the tier's slots must follow too.
+        let keys: Vec<OffloadKey> = unique_keys(40, 36)
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let mut bytes = k.as_bytes().to_vec();
+                if i % 2 == 0 {
+                    bytes[3] = b'{';
+                    bytes[4 + i % 5] = b'}';
+                }
+                OffloadKey::new(&bytes)
+            })
+            .collect();
+        let (mine, theirs) = keys.split_at(20);
+        store_every(&plain, mine, 1).await;
+        store_every(&tagged, theirs, 1).await;
+        assert_eq!(
+            plain.exists_many(&keys).await.unwrap(),
+            [[true; 20], [false; 20]].concat()
+        );
+        assert_eq!(
+            tagged.exists_many(&keys).await.unwrap(),
+            [[false; 20], [true; 20]].concat()
+        );
+
+        for (i, key) in keys.iter().enumerate() {
+            // Each key under the name of the tier that stored it, and not
+            // under the other's.
+            let (tier, other) = if i < 20 {
+                (&plain, &tagged)
+            } else {
+                (&tagged, &plain)
+            };
+            let name = tier.key_name(key);
+            let built = match tier.key_layout() {
+                KeyLayout::Plain => [b"kvtier-layout:", key.as_bytes()].concat(),
+                KeyLayout::Tagged => {
+                    // CRC16/XMODEM, bit by bit, in four lowercase hex digits.
+                    let mut crc: u16 = 0;
+                    for &b in key.as_bytes() {
+                        crc ^= u16::from(b) << 8;
+                        for _ in 0..8 {
+                            crc = if crc & 0x8000 != 0 {
+                                (crc << 1) ^ 0x1021
+                            } else {
+                                crc << 1
+                            };
+                        }
+                    }
+                    [
+                        &b"kvtier-layout:"[..],
+                        format!("{{{crc:04x}}}").as_bytes(),
+                        key.as_bytes(),
+                    ]
+                    .concat()
+                }
+            };
+            assert_eq!(name, built, "key {i}");
+            let exists: i64 = raw_query(&base, redis::cmd("EXISTS").arg(&name)).await;
+            assert_eq!(exists, 1, "key {i} on {}", base.endpoint());
+            let elsewhere = other.key_name(key);
+            assert_ne!(elsewhere, name);
+            let exists: i64 = raw_query(&base, redis::cmd("EXISTS").arg(&elsewhere)).await;
+            assert_eq!(exists, 0, "key {i} on {}", base.endpoint());
+            if cluster {
+                let slot: i64 =
+                    raw_query(&base, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&name)).await;
+                assert_eq!(slot, i64::from(key_slot(&name)), "key {i}");
+            }
+        }
+        plain.remove_many(mine).await.unwrap();
+        tagged.remove_many(theirs).await.unwrap();
+    }
+}
+
+/// `cmd` through a raw client of `tier`'s server or cluster.
+async fn raw_query<T: redis::FromRedisValue>(tier: &RedisTier, cmd: &redis::Cmd) -> T {
+    let config = tier.config();
+    if config.is_cluster() {
+        let client = redis::cluster::ClusterClient::new(config.cluster_urls.clone()).unwrap();
+        let mut conn = client.get_async_connection().await.unwrap();
+        cmd.query_async(&mut conn).await.unwrap()
+    } else {
+        let client = redis::Client::open(config.url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        cmd.query_async(&mut conn).await.unwrap()
+    }
+}

@@ -175,6 +175,55 @@ def test_the_native_managers_are_seen_by_redis_py():
         m.shutdown()
 
 
+@pytest.mark.parametrize("topology", ["server", "cluster"])
+def test_key_layout_names_blocks_as_documented(topology):
+    """`key_layout`: "plain" names a block `prefix + key`, "tagged" `prefix +
+    {crc16 of the key in 4 hex digits} + key` (redis-py finds each there);
+    the default is tagged on a cluster, plain on one server; anything else
+    is a ValueError naming the field."""
+    import binascii
+
+    import redis
+
+    if topology == "server":
+        (url,) = require_env("KVTIER_REDIS_URL")
+        where = {"url": url}
+        client = redis.Redis.from_url(url)
+    else:
+        (urls,) = require_env("KVTIER_REDIS_CLUSTER_URLS")
+        where = {"cluster_urls": urls.split(",")}
+        host, port = urls.split(",")[0].removeprefix("redis://").rstrip("/").split(":")
+        client = redis.cluster.RedisCluster(host=host, port=int(port))
+    prefix = unique_prefix().encode()
+    k = key(9) + b"{x}"
+    names = {
+        "plain": prefix + k,
+        "tagged": prefix + b"{%04x}" % binascii.crc_hqx(k, 0) + k,
+    }
+    default = "tagged" if topology == "cluster" else "plain"
+    try:
+        for layout in ("plain", "tagged", None):
+            m = kvtier.RedisLookupManager(key_prefix=prefix.decode(), key_layout=layout, **where)
+            try:
+                m.store(k, b"payload")
+                name = names[layout or default]
+                assert client.get(name) == b"payload", (layout, name)
+                other = names["plain" if (layout or default) == "tagged" else "tagged"]
+                assert client.get(other) is None
+                # The lookups ask for the same name.
+                assert resolve(m, k, ReqContext(f"r-{layout}")) is True
+                client.delete(name)
+            finally:
+                m.shutdown()
+        with pytest.raises(ValueError, match="key_layout"):
+            kvtier.RedisLookupManager(key_layout="hashed", **where)
+        with pytest.raises(ValueError, match="key_prefix"):
+            kvtier.RedisLookupManager(key_prefix="kv{a}:", key_layout="tagged", **where)
+    finally:
+        client.delete(*names.values())
+        client.close()
+
+
 def test_an_unreachable_s3_is_a_typed_error_and_a_counted_error_in_lookups():
     endpoint = f"http://127.0.0.1:{free_port()}"
     m = kvtier.S3LookupManager(bucket="kvtier-nowhere", endpoint=endpoint, force_path_style=True,

@@ -143,6 +143,7 @@ class RedisLookupManager(_NativeManager):
         password: str | None = None,
         tls_ca_cert: str | os.PathLike[str] | None = None,
         key_prefix: str = "kvtier:",
+        key_layout: Literal["plain", "tagged"] | None = None,
         ttl_ms: int | None = None,
         pipeline_chunk: int = 512,
         max_chunks_in_flight: int = 8,

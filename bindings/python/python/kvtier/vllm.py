@@ -505,10 +505,12 @@ class RedisTier(_KvtierTier):
     private CA).
 
     Keywords: the Redis tier's fields (``url``, ``cluster_urls``,
-    ``username``, ``password``, ``tls_ca_cert``, ``key_prefix``, ``ttl_ms``,
-    ...) and ``ManagerConfig``'s; ``locality``, ``enable_kv_events``. A
-    block's Redis key is ``key_prefix`` (default ``"kvtier:"``), the
-    namespace, a colon, then the block key's bytes.
+    ``username``, ``password``, ``tls_ca_cert``, ``key_prefix``,
+    ``key_layout``, ``ttl_ms``, ...) and ``ManagerConfig``'s; ``locality``,
+    ``enable_kv_events``. A block's Redis key is ``key_prefix`` (default
+    ``"kvtier:"``), the namespace, a colon, then (with ``key_layout``
+    ``"tagged"``, the default on a cluster) a hash tag of four hex digits
+    in braces, then the block key's bytes.
     """
 
     medium: ClassVar[Medium | None] = None

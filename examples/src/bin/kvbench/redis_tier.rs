@@ -74,7 +74,7 @@ fn w3_one(
     let throughput_steps = if cli.quick { 10 } else { 96 }; // 96 × 512 distinct present keys < 50,000
     let ttv_steps = if cli.quick { 20 } else { 200 };
     // The tier's default prefix plus a run id (the run's keys are removed at
-    // the end): names of 52 bytes, not much longer than the default's 43.
+    // the end): names of 52 bytes (58 tagged), not much longer than the default's 43 (49).
     let run = (Rng::new(cli.seed).next_u64() ^ u64::from(std::process::id())) as u32;
     let prefix = format!("kvtier:{run:08x}:");
     // The tier on its own I/O thread and each manager on a runtime of its
@@ -87,8 +87,20 @@ fn w3_one(
         .is_ok_and(|v| v == "shared")
         .then(|| Spawner::dedicated("kvbench-w3", 1))
         .transpose()?;
+    // `KVBENCH_W3_KEY_LAYOUT=plain` or `tagged` overrides the layout of the
+    // names (default: the tier's, tagged on a cluster), for an A/B of the
+    // servers' cost per key.
+    let key_layout = match std::env::var("KVBENCH_W3_KEY_LAYOUT").ok().as_deref() {
+        None | Some("") => config.key_layout,
+        Some("plain") => Some(kvtier_redis::KeyLayout::Plain),
+        Some("tagged") => Some(kvtier_redis::KeyLayout::Tagged),
+        Some(other) => {
+            return Err(format!("KVBENCH_W3_KEY_LAYOUT is plain or tagged, not {other:?}").into());
+        }
+    };
     let tier_config = kvtier_redis::RedisConfig {
         key_prefix: prefix.clone(),
+        key_layout,
         ..config
     };
     let tier = Arc::new(match &shared {
@@ -164,7 +176,7 @@ fn w3_one(
     let usual_keys = BenchKeys::short_absent(cluster);
     let matched_keys = rt.block_on(matched_bench_keys(
         urls,
-        tier.config().key_prefix.len() + KEY_LEN,
+        tier.key_name(&preload[0]).len(),
         PRELOAD / urls.len() as u64,
     ))?;
     let server_pids = redis_server_pids(cluster);
@@ -209,7 +221,7 @@ fn w3_one(
         let (keys_per_s, errors) = back_to_back(&mut wide, &steps, Duration::from_secs(120))?;
         wide_rates.push(keys_per_s);
         verdict_errors += errors;
-        raw_client.push(rt.block_on(raw_redis_loop(urls, &prefix, &steps))?);
+        raw_client.push(rt.block_on(raw_redis_loop(urls, &tier, &steps))?);
         baselines.push(redis_benchmark(
             &host,
             port,
@@ -314,7 +326,11 @@ fn w3_one(
                     "rounds": rounds,
                     "wide_limits": { "max_steps_in_flight": WIDE_STEPS, "max_calls_in_flight": WIDE_CALLS },
                     "baseline": "redis-benchmark -P 1000 EXISTS -c 1; on a cluster --cluster -c <masters> (and the literal -c 1, one master)",
-                    "masters": urls.len() },
+                    "masters": urls.len(),
+                    "key_layout": match tier.key_layout() {
+                        kvtier_redis::KeyLayout::Plain => "plain",
+                        kvtier_redis::KeyLayout::Tagged => "tagged",
+                    } },
         "keys_per_s": keys_per_s.round(),
         "baseline_keys_per_s": baseline.round(),
         "ratio": round3(ratio),

@@ -76,7 +76,7 @@ async fn redis_layout(urls: &[String]) -> Result<(Vec<(u16, u16, usize)>, Vec<St
 /// the manager's default. Returns keys/s; checks the number of hits.
 pub(crate) async fn raw_redis_loop(
     urls: &[String],
-    prefix: &str,
+    tier: &kvtier_redis::RedisTier,
     steps: &[Step],
 ) -> Result<f64, Failure> {
     use futures_util::StreamExt;
@@ -93,14 +93,13 @@ pub(crate) async fn raw_redis_loop(
             .find(|&&(a, b, _)| a <= slot && slot <= b)
             .map_or(0, |&(_, _, m)| m)
     };
-    // Per step, per master: the full key names.
+    // Per step, per master: the full key names, as the tier names them.
     let grouped: Vec<Vec<Vec<Vec<u8>>>> = steps
         .iter()
         .map(|(_, keys, _)| {
             let mut groups = vec![Vec::new(); conns.len()];
             for key in keys {
-                let mut name = prefix.as_bytes().to_vec();
-                name.extend_from_slice(key.as_bytes());
+                let name = tier.key_name(key);
                 groups[owner(&name)].push(name);
             }
             groups
