@@ -49,7 +49,8 @@ pub(crate) type Reply = Result<Value, SharedTierError>;
 type Chunk = (usize, Vec<(usize, u16)>);
 
 impl RedisTier {
-    /// `SET` of each block, with the configured prefix and TTL.
+    /// `SET` of each block, under its name (prefix and layout) and with the
+    /// configured TTL.
     pub(crate) async fn store_blocks(&self, blocks: &[(&OffloadKey, &[u8])]) -> Vec<BlockOutcome> {
         let keys: Vec<&OffloadKey> = blocks.iter().map(|&(key, _)| key).collect();
         let lens: Vec<usize> = blocks.iter().map(|(_, block)| block.len()).collect();

@@ -36,11 +36,13 @@ pub struct RedisConfig {
     /// PEM file of the CA that signs the server's TLS certificate (for
     /// `rediss://` with a private CA). Default: the webpki roots.
     pub tls_ca_cert: Option<PathBuf>,
-    /// Prefix of every Redis key; the block key's bytes follow it. Default `"kvtier:"`.
+    /// Prefix of every Redis key; the block key's bytes follow it (after a
+    /// hash tag with the tagged [`key_layout`](Self::key_layout)). Default
+    /// `"kvtier:"`.
     pub key_prefix: String,
     /// How a block's key becomes its Redis name ([`KeyLayout`]): `"plain"`
-    /// (prefix, then the key's bytes) or `"tagged"` (prefix, a four-digit
-    /// hash tag of the key, then its bytes). `None` (the default): tagged
+    /// (prefix, then the key's bytes) or `"tagged"` (prefix, a hash tag of
+    /// four characters from the key's CRC16, then its bytes). `None` (the default): tagged
     /// on a cluster, whose servers then hash four bytes per command into a
     /// slot instead of the whole name, unless the prefix holds a `{` (its
     /// own hash tag decides the slot); plain on a single server, which

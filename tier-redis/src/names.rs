@@ -14,14 +14,19 @@ use crate::slot::{PrefixedSlots, SLOTS, crc16, key_slot};
 #[serde(rename_all = "lowercase")]
 pub enum KeyLayout {
     /// `<key_prefix><key's bytes>`. A cluster server hashes the whole name
-    /// (prefix included) into a slot, byte by byte, for every command.
+    /// (prefix included; or a `{...}` hash tag in it) into a slot, byte by
+    /// byte, for every command.
     Plain,
-    /// `<key_prefix>{tttt}<key's bytes>`, `tttt` the CRC16/XMODEM of the
-    /// key's bytes in four lowercase hex digits (Python:
-    /// `format(binascii.crc_hqx(key, 0), "04x")`). A cluster server hashes
-    /// the four digits only (the hash tag): on a cluster the servers spend
-    /// less CPU per key, and keys still spread over every slot. The prefix
-    /// must hold no `{` (its own tag would be the one hashed).
+    /// `<key_prefix>{tttt}<key's bytes>`: `tttt` is the CRC16/XMODEM of the
+    /// key's bytes, four bits per character from its high bits down, each
+    /// written as the byte `0x40 | bits` (`@`, `A` to `O`). Python:
+    /// `bytes(0x40 | (c >> s) & 15 for s in (12, 8, 4, 0))` with
+    /// `c = binascii.crc_hqx(key, 0)`. A cluster server hashes the four
+    /// characters only (the hash tag), so on a cluster the servers spend
+    /// less CPU per key; and the CRC16 of those tags, taken modulo 16,384,
+    /// reaches every slot exactly four times in 65,536, so keys spread over
+    /// all slots as evenly as their CRC does. The prefix must hold no `{`
+    /// (its own tag would be the one hashed).
     Tagged,
 }
 
@@ -34,7 +39,7 @@ pub(crate) struct Names {
     plain_slots: PrefixedSlots,
 }
 
-/// Bytes the tagged layout adds to a name: `{`, four digits, `}`.
+/// Bytes the tagged layout adds to a name: `{`, four characters, `}`.
 const TAG_LEN: usize = 6;
 
 impl Names {
@@ -96,13 +101,20 @@ impl Names {
     }
 }
 
-/// `{tttt}`: the key's CRC16/XMODEM in four lowercase hex digits, braced.
+/// `{tttt}`: the key's CRC16/XMODEM, braced (see [`KeyLayout::Tagged`]).
 #[inline]
 fn tag(key: &[u8]) -> [u8; TAG_LEN] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let crc = crc16(key);
-    let digit = |shift: u32| HEX[usize::from((crc >> shift) & 0xf)];
-    [b'{', digit(12), digit(8), digit(4), digit(0), b'}']
+    tag_of_crc(crc16(key))
+}
+
+/// `{tttt}` of a CRC: four bits a character, high bits first, each the byte
+/// `0x40 | bits`. The characters differ from each other in their low four
+/// bits only, so the CRC16 of the tags is affine in `crc`: its values
+/// modulo 16,384 cover every slot equally (hex digits reach 13,152 of them).
+#[inline]
+fn tag_of_crc(crc: u16) -> [u8; TAG_LEN] {
+    let char = |shift: u32| 0x40 | ((crc >> shift) & 0xf) as u8;
+    [b'{', char(12), char(8), char(4), char(0), b'}']
 }
 
 #[cfg(test)]
@@ -117,27 +129,29 @@ mod tests {
         assert_eq!(plain.name(key), b"kvtier:\x00\x01block-hash\xff{}");
         let tagged = Names::new(b"kvtier:", KeyLayout::Tagged);
         // CRC16/XMODEM of "123456789" is 0x31c3 (the cluster specification's
-        // test vector).
-        assert_eq!(tagged.name(b"123456789"), b"kvtier:{31c3}123456789");
-        assert_eq!(
-            tagged.name(key),
-            [
-                &b"kvtier:{"[..],
-                format!("{:04x}", crc16(key)).as_bytes(),
-                b"}",
-                key
-            ]
-            .concat()
-        );
-        assert_eq!(tagged.len(9), "kvtier:{31c3}123456789".len());
+        // test vector): 3, 1, 12, 3 are C, A, L, C.
+        assert_eq!(tagged.name(b"123456789"), b"kvtier:{CALC}123456789");
+        assert_eq!(tagged.name(b""), b"kvtier:{@@@@}");
+        assert_eq!(tag_of_crc(0xffff), *b"{OOOO}");
+        assert_eq!(tagged.len(9), "kvtier:{CALC}123456789".len());
         assert_eq!(plain.len(9), "kvtier:123456789".len());
+    }
+
+    #[test]
+    fn the_tags_cover_every_slot_equally() {
+        let mut per_slot = vec![0u32; usize::from(SLOTS)];
+        for crc in 0..=u16::MAX {
+            let tag = tag_of_crc(crc);
+            per_slot[usize::from(key_slot(&tag))] += 1;
+        }
+        let (min, max) = (per_slot.iter().min(), per_slot.iter().max());
+        assert_eq!((min, max), (Some(&4), Some(&4)));
     }
 
     #[test]
     fn tagged_names_spread_evenly_over_masters() {
         // Consecutive ids, big-endian, as kvbench's keys start: the CRC
-        // spreads them over the slot ranges of three masters (the hex digits
-        // reach 13,152 of the 16,384 slots, evenly over ranges).
+        // spreads them over the slot ranges of three masters.
         let names = Names::new(b"kvtier:", KeyLayout::Tagged);
         let mut thirds = [0u32; 3];
         let n = 1u64 << 18;

@@ -22,7 +22,7 @@ impl RedisTier {
         Ok(reply.is_some())
     }
 
-    /// `SET <prefix><key> <payload>`, with `PX` when a TTL is configured.
+    /// `SET <key's name> <payload>`, with `PX` when a TTL is configured.
     pub(crate) fn set_cmd(&self, key: &OffloadKey, payload: &[u8]) -> redis::Cmd {
         let mut cmd = self.key_cmd("SET", key);
         cmd.arg(payload);

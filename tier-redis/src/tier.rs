@@ -80,6 +80,16 @@ impl RedisTier {
             .transpose()?;
         let io = Io::new(spawner.clone());
         let names = Names::new(config.key_prefix.as_bytes(), config.layout());
+        if config.key_layout.is_none() && config.layout() == KeyLayout::Tagged {
+            // The default changed for clusters: say so once per tier, where
+            // an operator looking for blocks stored before will look.
+            tracing::info!(
+                prefix = %config.key_prefix,
+                "redis cluster tier: key names are tagged (key_prefix + {{tttt}} + key, the \
+                 default on a cluster); blocks stored under plain names (before key_layout \
+                 existed) are found with key_layout = \"plain\""
+            );
+        }
         let (endpoint, conn) = if config.is_cluster() {
             cluster(&config, &names, root_cert, io)?
         } else {

@@ -562,7 +562,8 @@ async fn names_follow_the_key_layout() {
             let built = match tier.key_layout() {
                 KeyLayout::Plain => [b"kvtier-layout:", key.as_bytes()].concat(),
                 KeyLayout::Tagged => {
-                    // CRC16/XMODEM, bit by bit, in four lowercase hex digits.
+                    // CRC16/XMODEM, bit by bit, four bits a character
+                    // (`0x40 | bits`), high bits first.
                     let mut crc: u16 = 0;
                     for &b in key.as_bytes() {
                         crc ^= u16::from(b) << 8;
@@ -574,12 +575,11 @@ async fn names_follow_the_key_layout() {
                             };
                         }
                     }
-                    [
-                        &b"kvtier-layout:"[..],
-                        format!("{{{crc:04x}}}").as_bytes(),
-                        key.as_bytes(),
-                    ]
-                    .concat()
+                    let tag: Vec<u8> = [12, 8, 4, 0]
+                        .iter()
+                        .map(|s| 0x40 | ((crc >> s) & 0xf) as u8)
+                        .collect();
+                    [&b"kvtier-layout:{"[..], &tag, b"}", key.as_bytes()].concat()
                 }
             };
             assert_eq!(name, built, "key {i}");
@@ -594,6 +594,13 @@ async fn names_follow_the_key_layout() {
                     raw_query(&base, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&name)).await;
                 assert_eq!(slot, i64::from(key_slot(&name)), "key {i}");
             }
+        }
+        // Every pipeline went to the master holding its keys: a key sent to
+        // the wrong one would answer MOVED and fall back to redis-rs.
+        for tier in [&plain, &tagged] {
+            let stats = tier.pipeline_stats();
+            assert!(stats.lean > 0, "{}: {stats:?}", tier.endpoint());
+            assert_eq!(stats.fallbacks, 0, "{}: {stats:?}", tier.endpoint());
         }
         plain.remove_many(mine).await.unwrap();
         tagged.remove_many(theirs).await.unwrap();

@@ -178,7 +178,7 @@ def test_the_native_managers_are_seen_by_redis_py():
 @pytest.mark.parametrize("topology", ["server", "cluster"])
 def test_key_layout_names_blocks_as_documented(topology):
     """`key_layout`: "plain" names a block `prefix + key`, "tagged" `prefix +
-    {crc16 of the key in 4 hex digits} + key` (redis-py finds each there);
+    {4 characters of the key's crc16} + key` (redis-py finds each there);
     the default is tagged on a cluster, plain on one server; anything else
     is a ValueError naming the field."""
     import binascii
@@ -196,9 +196,11 @@ def test_key_layout_names_blocks_as_documented(topology):
         client = redis.cluster.RedisCluster(host=host, port=int(port))
     prefix = unique_prefix().encode()
     k = key(9) + b"{x}"
+    crc = binascii.crc_hqx(k, 0)
+    tag = bytes(0x40 | (crc >> s) & 15 for s in (12, 8, 4, 0))
     names = {
         "plain": prefix + k,
-        "tagged": prefix + b"{%04x}" % binascii.crc_hqx(k, 0) + k,
+        "tagged": prefix + b"{" + tag + b"}" + k,
     }
     default = "tagged" if topology == "cluster" else "plain"
     try:

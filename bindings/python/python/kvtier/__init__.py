@@ -191,8 +191,8 @@ class RedisLookupManager(_NativeManager):
     username: str | None = None           user name, overriding the URL's
     password: str | None = None           password, overriding the URL's (never shown in errors or logs)
     tls_ca_cert: str | PathLike | None = None   PEM file of a private CA for rediss:// (None: the webpki roots)
-    key_prefix: str = "kvtier:"           prefix of every Redis key; the block key's bytes follow it
-    key_layout: "plain" | "tagged" | None = None   "plain": prefix + key; "tagged": prefix + {4 hex digits of the key's CRC16} + key (a cluster hashes 4 bytes per command); None: tagged on a cluster, plain on one server
+    key_prefix: str = "kvtier:"           prefix of every Redis key; the block key's bytes follow it (after the tag, tagged)
+    key_layout: "plain" | "tagged" | None = None   "plain": prefix + key; "tagged": prefix + {4 characters of the key's CRC16} + key (a cluster hashes 4 bytes per command); None: tagged on a cluster (plain if key_prefix holds a "{"), plain on one server
     ttl_ms: int | None = None             time to live of stored blocks (SET ... PX); None keeps them
     pipeline_chunk: int = 512             EXISTS commands per pipeline
     max_chunks_in_flight: int = 8         pipelines of one batch in flight at once

@@ -509,7 +509,7 @@ class RedisTier(_KvtierTier):
     ``key_layout``, ``ttl_ms``, ...) and ``ManagerConfig``'s; ``locality``,
     ``enable_kv_events``. A block's Redis key is ``key_prefix`` (default
     ``"kvtier:"``), the namespace, a colon, then (with ``key_layout``
-    ``"tagged"``, the default on a cluster) a hash tag of four hex digits
+    ``"tagged"``, the default on a cluster) a hash tag of four characters
     in braces, then the block key's bytes.
     """
 

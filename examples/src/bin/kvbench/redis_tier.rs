@@ -98,7 +98,7 @@ fn w3_one(
         }
     };
     let tier_config = kvtier_redis::RedisConfig {
-        key_prefix: prefix.clone(),
+        key_prefix: prefix,
         key_layout,
         ..config
     };
@@ -171,10 +171,11 @@ fn w3_one(
     // redis-benchmark in cluster mode exits on a 250 ms tick after its last
     // reply (measured: 1M requests took 0.52 or 0.77 s by the wall clock,
     // never in between), so its rate is understated by up to a tick. On the
-    // 2026-12-07 machine 6M requests took 1.75 s, and the matched rate read
-    // 2.66, 2.99 or 3.42 M/s (6M over 2.25, 2.0 or 1.75 s): up to 14% low,
-    // which flattered the tier's ratio. Runs of about 5 s keep it under 5%;
-    // against a single server it is exact.
+    // 2026-12-07 machine 6M requests took about 1.75 s, and the matched
+    // rate read 2.66, 2.99 or 3.42 M/s (6M over 2.25, 2.0 or 1.75 s): the
+    // same work up to 22% apart, the low readings flattering the tier's
+    // ratio. Runs of 4.5 to 5 s keep one tick near 5%; against a single
+    // server it is exact.
     let (n, n_one_connection, n_pinned) = match (cli.quick, cluster) {
         (true, _) => (100_000, 100_000, 100_000),
         (false, false) => (1_000_000, 0, 1_000_000),

@@ -170,11 +170,15 @@ impl DataPathTier for Redis {
     }
 
     fn close(&mut self) -> Result<(), Failure> {
-        self.tier = None;
+        let tier = self.tier.take();
         let mut pipe = redis::pipe();
         for key in &self.keys {
+            // The tier's own names (prefix and layout), and the raw loop's.
+            let stored = tier
+                .as_ref()
+                .map_or_else(|| Self::name(&self.prefix, key), |tier| tier.key_name(key));
             pipe.cmd("UNLINK")
-                .arg(Self::name(&self.prefix, key))
+                .arg(stored)
                 .arg(Self::name(&self.raw_prefix, key))
                 .ignore();
         }
