@@ -33,10 +33,9 @@ pub enum KeyLayout {
 /// The names of one tier's keys: prefix, layout, and their slots.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
-    prefix: Box<[u8]>,
     layout: KeyLayout,
-    /// Slots of plain names.
-    plain_slots: PrefixedSlots,
+    /// The prefix, and the slots of plain names.
+    slots: PrefixedSlots,
 }
 
 /// Bytes the tagged layout adds to a name: `{`, four characters, `}`.
@@ -46,9 +45,8 @@ impl Names {
     /// Names `prefix` + key under `layout`.
     pub(crate) fn new(prefix: &[u8], layout: KeyLayout) -> Self {
         Self {
-            prefix: prefix.into(),
             layout,
-            plain_slots: PrefixedSlots::new(prefix),
+            slots: PrefixedSlots::new(prefix),
         }
     }
 
@@ -60,7 +58,7 @@ impl Names {
     /// The length of the name of a key of `key_len` bytes.
     #[inline]
     pub(crate) fn len(&self, key_len: usize) -> usize {
-        self.prefix.len()
+        self.slots.prefix().len()
             + key_len
             + match self.layout {
                 KeyLayout::Plain => 0,
@@ -71,7 +69,7 @@ impl Names {
     /// Appends the name of `key` to `out`.
     #[inline]
     pub(crate) fn write(&self, out: &mut Vec<u8>, key: &[u8]) {
-        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(self.slots.prefix());
         if self.layout == KeyLayout::Tagged {
             out.extend_from_slice(&tag(key));
         }
@@ -90,8 +88,8 @@ impl Names {
     #[inline]
     pub(crate) fn slot(&self, key: &[u8]) -> u16 {
         match self.layout {
-            KeyLayout::Plain => self.plain_slots.slot(key),
-            KeyLayout::Tagged if !self.prefix.contains(&b'{') => {
+            KeyLayout::Plain => self.slots.slot(key),
+            KeyLayout::Tagged if !self.slots.prefix_has_brace() => {
                 let t = tag(key);
                 crc16(&t[1..5]) % SLOTS
             }

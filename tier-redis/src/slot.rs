@@ -132,6 +132,17 @@ impl PrefixedSlots {
         }
     }
 
+    /// The prefix.
+    pub(crate) fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// Whether the prefix holds a `{` (a hash tag there may decide every
+    /// name's slot).
+    pub(crate) fn prefix_has_brace(&self) -> bool {
+        self.prefix_crc.is_none()
+    }
+
     /// The slot of the name `prefix` + `key`; always `key_slot` of it.
     pub fn slot(&self, key: &[u8]) -> u16 {
         let Some(prefix_crc) = self.prefix_crc else {

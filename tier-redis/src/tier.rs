@@ -80,7 +80,7 @@ impl RedisTier {
             .transpose()?;
         let io = Io::new(spawner.clone());
         let names = Names::new(config.key_prefix.as_bytes(), config.layout());
-        if config.key_layout.is_none() && config.layout() == KeyLayout::Tagged {
+        if config.key_layout.is_none() && names.layout() == KeyLayout::Tagged {
             // The default changed for clusters: say so once per tier, where
             // an operator looking for blocks stored before will look.
             tracing::info!(

@@ -89,13 +89,14 @@ fn w3_one(
     // `KVBENCH_W3_KEY_LAYOUT=plain` or `tagged` overrides the layout of the
     // names (default: the tier's, tagged on a cluster), for an A/B of the
     // servers' cost per key.
-    let key_layout = match std::env::var("KVBENCH_W3_KEY_LAYOUT").ok().as_deref() {
-        None | Some("") => config.key_layout,
-        Some("plain") => Some(kvtier_redis::KeyLayout::Plain),
-        Some("tagged") => Some(kvtier_redis::KeyLayout::Tagged),
-        Some(other) => {
-            return Err(format!("KVBENCH_W3_KEY_LAYOUT is plain or tagged, not {other:?}").into());
-        }
+    let key_layout = match std::env::var("KVBENCH_W3_KEY_LAYOUT").ok() {
+        None => config.key_layout,
+        Some(v) if v.is_empty() => config.key_layout,
+        // The configuration's own spelling (serde): "plain" or "tagged".
+        Some(v) => Some(
+            serde_json::from_value(Value::String(v.clone()))
+                .map_err(|_| format!("KVBENCH_W3_KEY_LAYOUT is plain or tagged, not {v:?}"))?,
+        ),
     };
     let tier_config = kvtier_redis::RedisConfig {
         key_prefix: prefix,
@@ -331,10 +332,7 @@ fn w3_one(
                     "wide_limits": { "max_steps_in_flight": WIDE_STEPS, "max_calls_in_flight": WIDE_CALLS },
                     "baseline": "redis-benchmark -P 1000 EXISTS -c 1; on a cluster --cluster -c <masters> (and the literal -c 1, one master)",
                     "masters": urls.len(),
-                    "key_layout": match tier.key_layout() {
-                        kvtier_redis::KeyLayout::Plain => "plain",
-                        kvtier_redis::KeyLayout::Tagged => "tagged",
-                    } },
+                    "key_layout": tier.key_layout() },
         "keys_per_s": keys_per_s.round(),
         "baseline_keys_per_s": baseline.round(),
         "ratio": round3(ratio),
