@@ -288,6 +288,7 @@ unsafe fn lookup_each<T: Tier>(
     }
     for (n, chunk) in objects.chunks(BATCH_KEYS).enumerate() {
         keys.clear();
+        keys.reserve(chunk.len());
         let base = n * BATCH_KEYS;
         for (i, &obj) in chunk.iter().enumerate() {
             // The objects are spread over the heap: each one's lines start
@@ -296,7 +297,7 @@ unsafe fn lookup_each<T: Tier>(
                 prefetch_object(ahead);
             }
             // SAFETY: forwarded.
-            keys.push(unsafe { memo.key(py, obj) }.clone());
+            unsafe { memo.push_key(py, obj, &mut keys) };
         }
         done = m.lookup_each(&keys, ctx, |i, v| list.set(base + i, v));
         if done.is_err() {

@@ -89,6 +89,36 @@ impl KeyMemo {
         unsafe { self.insert(py, obj) }
     }
 
+    /// Pushes the key of the `bytes` object `obj` onto `out`: [`key`](Self::key)
+    /// without the copy through the scratch slot while the memo stands
+    /// aside (a long list of keys never seen again), the batched path's
+    /// common case.
+    ///
+    /// # Safety
+    /// As for [`key`](Self::key).
+    #[inline(always)]
+    pub(crate) unsafe fn push_key(
+        &mut self,
+        py: Python<'_>,
+        obj: KeyObj,
+        out: &mut Vec<OffloadKey>,
+    ) {
+        if self.slots.is_empty() && self.bypass > 0 {
+            // What `insert` does while bypassing, the key built where it
+            // is kept (see `OffloadKey::write_new`).
+            self.bypass -= 1;
+            out.reserve(1);
+            // SAFETY: forwarded.
+            let bytes = unsafe { obj.bytes() };
+            OffloadKey::write_new(&mut out.spare_capacity_mut()[0], bytes);
+            // SAFETY: the item past the length was just initialised.
+            unsafe { out.set_len(out.len() + 1) };
+            return;
+        }
+        // SAFETY: forwarded.
+        out.push(unsafe { self.key(py, obj) }.clone());
+    }
+
     /// The index of the slot holding `ptr`, or `usize::MAX`.
     #[inline(always)]
     fn slot_with(slots: &[MemoSlot], ptr: *mut ffi::PyObject) -> usize {
