@@ -21,6 +21,7 @@ use crate::io::Io;
 use crate::lean::{self, LeanPool};
 use crate::names::Names;
 use crate::route::{ConnError, Shard, Target};
+use crate::slot::SLOTS;
 
 /// A Redis Cluster: its client, one connection (made on the tier's I/O
 /// runtime, where its driver reconnects), and the slot map.
@@ -38,10 +39,15 @@ pub(crate) struct Cluster {
 /// Slot ranges and the master owning each, from `CLUSTER SLOTS`.
 #[derive(Debug)]
 struct SlotMap {
-    /// (first slot, last slot, master index), sorted by first slot.
-    ranges: Vec<(u16, u16, usize)>,
+    /// Each slot's master index, [`NO_OWNER`] for a slot no range covers:
+    /// one load per key where a search of the ranges took several
+    /// dependent ones (a cluster lookup places every key).
+    owners: Box<[u16]>,
     masters: Vec<Master>,
 }
+
+/// In [`SlotMap::owners`], a slot without a known owner.
+const NO_OWNER: u16 = u16::MAX;
 
 #[derive(Debug)]
 struct Master {
@@ -53,9 +59,10 @@ struct Master {
 
 impl SlotMap {
     fn owner(&self, slot: u16) -> Option<usize> {
-        let idx = self.ranges.partition_point(|&(start, _, _)| start <= slot);
-        let (start, end, master) = *self.ranges.get(idx.checked_sub(1)?)?;
-        (start <= slot && slot <= end).then_some(master)
+        match self.owners.get(usize::from(slot)) {
+            Some(&NO_OWNER) | None => None,
+            Some(&master) => Some(usize::from(master)),
+        }
     }
 }
 
@@ -203,8 +210,20 @@ fn parse_cluster_slots(reply: Value) -> Option<SlotMap> {
         };
         ranges.push((u16::try_from(start).ok()?, u16::try_from(end).ok()?, idx));
     }
-    ranges.sort_unstable();
-    Some(SlotMap { ranges, masters })
+    // More masters than slots is not a cluster; the bound keeps every index
+    // below NO_OWNER.
+    if masters.len() > usize::from(SLOTS) {
+        return None;
+    }
+    let mut owners = vec![NO_OWNER; usize::from(SLOTS)].into_boxed_slice();
+    for (start, end, master) in ranges {
+        // A range past the last slot, or reversed, covers what it can.
+        let end = usize::from(end).min(owners.len() - 1);
+        for owner in owners.iter_mut().take(end + 1).skip(usize::from(start)) {
+            *owner = master as u16;
+        }
+    }
+    Some(SlotMap { owners, masters })
 }
 
 #[cfg(test)]

@@ -217,9 +217,10 @@ impl LeanPool {
         let n = keys.len();
         let mut out = Vec::with_capacity((n + 1) * names.len(64));
         let mut first = None;
+        let mut encoder = ExistsEncoder::new(names);
         for key in keys {
             first.get_or_insert(key);
-            encode_exists(&mut out, names, key.as_bytes());
+            encoder.encode(&mut out, key.as_bytes());
         }
         let Some(first) = first else {
             return Ok(Vec::new());
@@ -454,9 +455,47 @@ fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
-/// Appends `EXISTS <name of key>` without building the name first.
-fn encode_exists(out: &mut Vec<u8>, names: &Names, key: &[u8]) {
-    encode_key_command(out, b"*2\r\n$6\r\nEXISTS\r\n$", names, key);
+/// Appends `EXISTS <name of key>` commands without building the names
+/// first. What comes before each key's tag and bytes (the array header,
+/// the command, the argument's length and the prefix) is the same for
+/// keys of one length: it is made once per length and copied whole, where
+/// each command wrote its pieces and the length's digits again.
+struct ExistsEncoder<'n> {
+    names: &'n Names,
+    /// The key length `head` is for (`usize::MAX` before the first key).
+    key_len: usize,
+    head: Vec<u8>,
+}
+
+impl<'n> ExistsEncoder<'n> {
+    fn new(names: &'n Names) -> Self {
+        Self {
+            names,
+            key_len: usize::MAX,
+            head: Vec::new(),
+        }
+    }
+
+    /// Appends `EXISTS <name of key>`.
+    #[inline]
+    fn encode(&mut self, out: &mut Vec<u8>, key: &[u8]) {
+        if key.len() != self.key_len {
+            self.start_length(key.len());
+        }
+        out.extend_from_slice(&self.head);
+        self.names.write_unprefixed(out, key);
+        out.extend_from_slice(b"\r\n");
+    }
+
+    #[cold]
+    fn start_length(&mut self, key_len: usize) {
+        self.key_len = key_len;
+        self.head.clear();
+        self.head.extend_from_slice(b"*2\r\n$6\r\nEXISTS\r\n$");
+        push_decimal(&mut self.head, self.names.len(key_len));
+        self.head.extend_from_slice(b"\r\n");
+        self.head.extend_from_slice(self.names.prefix());
+    }
 }
 
 /// Appends the end marker of a pipeline: `TYPE <name of key>`.
@@ -553,11 +592,8 @@ mod tests {
         encode(&mut out, &[b"EXISTS", b"p:\x00\r\n"]);
         assert_eq!(out, b"*2\r\n$6\r\nEXISTS\r\n$5\r\np:\x00\r\n\r\n");
         let mut same = Vec::new();
-        encode_exists(
-            &mut same,
-            &Names::new(b"p:", crate::KeyLayout::Plain),
-            b"\x00\r\n",
-        );
+        ExistsEncoder::new(&Names::new(b"p:", crate::KeyLayout::Plain))
+            .encode(&mut same, b"\x00\r\n");
         assert_eq!(same, out);
         let mut n = Vec::new();
         push_decimal(&mut n, 0);
@@ -609,6 +645,26 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The encoder writes what the generic RESP encoding of `EXISTS`
+        /// and each name gives, for keys of mixed lengths, both layouts.
+        #[test]
+        fn exists_commands_encode_as_resp_arrays(
+            prefix in proptest::collection::vec(proptest::sample::select(vec![b'k', b':', 0]), 0..12),
+            keys in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..70), 0..12),
+            tagged in proptest::bool::ANY,
+        ) {
+            let layout = if tagged { crate::KeyLayout::Tagged } else { crate::KeyLayout::Plain };
+            let names = Names::new(&prefix, layout);
+            let mut expected = Vec::new();
+            let mut got = Vec::new();
+            let mut encoder = ExistsEncoder::new(&names);
+            for key in &keys {
+                encode(&mut expected, &[b"EXISTS", &names.name(key)]);
+                encoder.encode(&mut got, key);
+            }
+            proptest::prop_assert_eq!(got, expected);
+        }
+
         /// However the replies are split across reads, the answers are the same.
         #[test]
         fn split_reads_give_the_same_answers(

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::slot::{PrefixedSlots, SLOTS, crc16, key_slot};
+use crate::slot::{PrefixedSlots, SLOTS, crc16, crc16_of_four, key_slot};
 
 /// How a block's key becomes the name of its Redis key
 /// ([`RedisConfig::key_layout`](crate::RedisConfig::key_layout)).
@@ -70,6 +70,19 @@ impl Names {
     #[inline]
     pub(crate) fn write(&self, out: &mut Vec<u8>, key: &[u8]) {
         out.extend_from_slice(self.slots.prefix());
+        self.write_unprefixed(out, key);
+    }
+
+    /// The prefix every name starts with.
+    #[inline]
+    pub(crate) fn prefix(&self) -> &[u8] {
+        self.slots.prefix()
+    }
+
+    /// Appends the name of `key` without its prefix (the tag, if any, and
+    /// the key): [`write`](Self::write) for a caller that wrote the prefix.
+    #[inline]
+    pub(crate) fn write_unprefixed(&self, out: &mut Vec<u8>, key: &[u8]) {
         if self.layout == KeyLayout::Tagged {
             out.extend_from_slice(&tag(key));
         }
@@ -90,8 +103,8 @@ impl Names {
         match self.layout {
             KeyLayout::Plain => self.slots.slot(key),
             KeyLayout::Tagged if !self.slots.prefix_has_brace() => {
-                let t = tag(key);
-                crc16(&t[1..5]) % SLOTS
+                let [_, a, b, c, d, _] = tag(key);
+                crc16_of_four([a, b, c, d]) % SLOTS
             }
             // Refused by the configuration's check; right all the same.
             KeyLayout::Tagged => key_slot(&self.name(key)),
