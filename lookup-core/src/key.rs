@@ -64,13 +64,13 @@ fn process_hasher() -> &'static foldhash::quality::FixedState {
 /// Copies `bytes` (at most [`INLINE_KEY_CAPACITY`] long) to the start of
 /// `dst`, whose other bytes are zero and stay so.
 ///
-/// In a few fixed-size loads, overlapping where the length is not a
-/// multiple of their size, shifted into place in registers, and stored
-/// straight into `dst`: no call to `memcpy` for a variable length, and no
-/// temporary array that the key's construction would read back at other
-/// offsets than it was written (such a load waits for the stores to reach
-/// the cache). Keys of 17 to 38 bytes, vLLM's 36 among them, take one
-/// branch.
+/// Keys of 17 to 38 bytes (vLLM's 36 among them) go in a few fixed-size
+/// loads, overlapping where the length is not a multiple of their size,
+/// shifted into place in registers and stored straight into `dst`: no call
+/// to `memcpy` for a variable length, and no temporary array that the
+/// key's construction would read back at other offsets than it was written
+/// (such a load waits for the stores to reach the cache). Shorter keys are
+/// copied by `copy_from_slice`.
 #[inline(always)]
 fn fill_zeroed(dst: &mut [u8; INLINE_KEY_CAPACITY], bytes: &[u8]) {
     const WIDE: usize = 16;
@@ -123,10 +123,15 @@ impl OffloadKey {
     }
 
     /// Builds the key of `bytes` in `slot` and returns it: [`new`](Self::new)
-    /// where the key is to be kept, written there once. A caller building
-    /// many keys into a buffer (a batch) saves the move of each from a
-    /// temporary, which the compiler does in pieces of other sizes than
-    /// the construction's and so with loads that wait for its stores.
+    /// where the key is to be kept, without a move from a temporary. A
+    /// caller building many keys into a buffer (a batch) saves the move of
+    /// each, which the compiler does in pieces of other sizes than the
+    /// construction's and so with loads that wait for its stores.
+    ///
+    /// As with [`MaybeUninit::write`], whatever `slot` held is overwritten
+    /// without being dropped, and the key written is dropped only if the
+    /// caller takes it out (`assume_init`, or a `Vec`'s `set_len` over it):
+    /// otherwise a long key's shared bytes leak.
     #[inline(always)]
     pub fn write_new<'a>(slot: &'a mut MaybeUninit<Self>, bytes: &[u8]) -> &'a mut Self {
         if bytes.len() > INLINE_KEY_CAPACITY {
@@ -209,7 +214,7 @@ impl PartialEq for OffloadKey {
             return false;
         }
         match (&self.repr, &other.repr) {
-            // Inline bytes past `len` are always zero (see `new`), so the
+            // Inline bytes past `len` are always zero (see `write_new`), so the
             // whole fixed-size arrays compare: no call to memcmp.
             (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
                 // OR of XORs: branch-free and vectorised.

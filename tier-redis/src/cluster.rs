@@ -36,7 +36,7 @@ pub(crate) struct Cluster {
     names: Names,
 }
 
-/// Slot ranges and the master owning each, from `CLUSTER SLOTS`.
+/// The master owning each slot, from `CLUSTER SLOTS`.
 #[derive(Debug)]
 struct SlotMap {
     /// Each slot's master index, [`NO_OWNER`] for a slot no range covers:
@@ -217,7 +217,9 @@ fn parse_cluster_slots(reply: Value) -> Option<SlotMap> {
     }
     let mut owners = vec![NO_OWNER; usize::from(SLOTS)].into_boxed_slice();
     for (start, end, master) in ranges {
-        // A range past the last slot, or reversed, covers what it can.
+        // A range ending past the last slot covers up to it; a reversed one,
+        // or one starting past the last slot, covers nothing. Where ranges
+        // overlap (no cluster answers so), the later one wins.
         let end = usize::from(end).min(owners.len() - 1);
         for owner in owners.iter_mut().take(end + 1).skip(usize::from(start)) {
             *owner = master as u16;
@@ -249,5 +251,31 @@ mod tests {
         assert_eq!(map.owner(8100), None);
         assert_eq!(map.owner(16383).map(|m| map.masters[m].port), Some(2));
         assert!(parse_cluster_slots(Value::Int(1)).is_none());
+
+        // Edges: an end past the last slot is clamped, a reversed range and
+        // one starting past the last slot cover nothing, an empty reply
+        // knows no owner, and no table index can reach NO_OWNER.
+        let range = |start: i64, end: i64, host: &str| {
+            Value::Array(vec![Value::Int(start), Value::Int(end), node(host, 1)])
+        };
+        let map = parse_cluster_slots(Value::Array(vec![
+            range(16000, 20000, "a"),
+            range(200, 100, "b"),
+            range(17000, 17001, "c"),
+            range(0, 10, "d"),
+        ]))
+        .unwrap();
+        let host = |slot| map.owner(slot).map(|m| map.masters[m].host.clone());
+        assert_eq!(host(16383).as_deref(), Some("a"));
+        assert_eq!(host(15999), None);
+        assert_eq!(host(150), None);
+        assert_eq!(host(10).as_deref(), Some("d"));
+        assert_eq!(host(11), None);
+        let empty = parse_cluster_slots(Value::Array(vec![])).unwrap();
+        assert!((0..SLOTS).all(|slot| empty.owner(slot).is_none()));
+        let too_many: Vec<Value> = (0..=i64::from(SLOTS))
+            .map(|i| range(0, 0, &format!("h{i}")))
+            .collect();
+        assert!(parse_cluster_slots(Value::Array(too_many)).is_none());
     }
 }

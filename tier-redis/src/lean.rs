@@ -584,6 +584,8 @@ fn parse_integers(buf: &[u8], want: usize, found: &mut Vec<bool>) -> Result<usiz
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy;
+
     use super::*;
 
     #[test]
@@ -650,7 +652,14 @@ mod tests {
         #[test]
         fn exists_commands_encode_as_resp_arrays(
             prefix in proptest::collection::vec(proptest::sample::select(vec![b'k', b':', 0]), 0..12),
-            keys in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..70), 0..12),
+            // Lengths from a few values, so that runs of one length (the
+            // head kept) and changes back and forth (made again) both occur.
+            keys in proptest::collection::vec(
+                proptest::sample::select(vec![0usize, 36, 40]).prop_flat_map(|len| {
+                    proptest::collection::vec(proptest::num::u8::ANY, len)
+                }),
+                0..12,
+            ),
             tagged in proptest::bool::ANY,
         ) {
             let layout = if tagged { crate::KeyLayout::Tagged } else { crate::KeyLayout::Plain };

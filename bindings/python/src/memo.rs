@@ -28,7 +28,8 @@ pub(crate) struct KeyMemo {
     /// `MEMO_WAYS * MEMO_SETS` entries once used, set after set (the
     /// latest insertion first).
     slots: Vec<MemoSlot>,
-    /// The key of the last key not kept (see `insert`).
+    /// The key of the last key `insert` did not keep (`push_key` builds
+    /// such keys in place and leaves this slot as it was).
     scratch: Option<OffloadKey>,
     /// Keys asked for since the window started (counted per call).
     asked: usize,

@@ -61,6 +61,35 @@ class SubBytes(bytes):
     pass
 
 
+def test_keys_built_while_the_memo_stands_aside_answer_like_lookup(ctx):
+    """Fresh objects call after call make the key memo stand aside;
+    lookup_many then builds each key straight into its batch. Inline keys
+    of many lengths, long keys (shared bytes), subclass instances and bad
+    lengths answer as lookup answers them."""
+    inline = [bytes([i % 251]) * (1 + i % 38) + i.to_bytes(4, "big") for i in range(600)]
+    inline = [k[-38:] if len(k) > 38 else k for k in inline]
+    long = [i.to_bytes(8, "big") * 6 for i in range(100)]  # 48 bytes
+    keys = inline + long
+    m = InMemoryLookupManager(existing_keys=keys[::3])
+    try:
+        settle(m, keys, ctx)
+        # 40 x 700 fresh objects, each asked once: the memo's hit rate is
+        # nil, so it stands aside.
+        for _ in range(40):
+            m.lookup_many([bytes(bytearray(k)) for k in keys], ctx)
+        import random
+        order = [bytes(bytearray(k)) if i % 5 else SubBytes(k) for i, k in enumerate(keys)]
+        random.Random(7).shuffle(order)
+        want = [m.lookup(k, ctx) for k in order]
+        assert want == [k in set(keys[::3]) for k in order]
+        assert m.lookup_many(order, ctx) == want
+        for bad in (b"", b"x" * 65):
+            with pytest.raises(ValueError):
+                m.lookup_many([bytes(bytearray(k)) for k in keys[:100]] + [bad], ctx)
+    finally:
+        m.shutdown()
+
+
 def test_the_same_key_answers_alike_through_any_object(ctx):
     """kvtier remembers keys by object: fresh, reused, subclassed and
     copied objects, and more objects than it remembers, answer alike."""
