@@ -498,21 +498,10 @@ impl<'n> ExistsEncoder<'n> {
     }
 }
 
-/// Appends the end marker of a pipeline: `TYPE <name of key>`.
+/// Appends the end marker of a pipeline: `TYPE <name of key>`. One per
+/// pipeline, so through the generic encoding (the name built whole).
 fn encode_end_marker(out: &mut Vec<u8>, names: &Names, key: &[u8]) {
-    encode_key_command(out, b"*2\r\n$4\r\nTYPE\r\n$", names, key);
-}
-
-/// Appends a two-part command: `head` (the array header, the command's
-/// bulk string and the `$` of the argument), then the name of `key` as the
-/// argument's length and bytes.
-#[inline]
-fn encode_key_command(out: &mut Vec<u8>, head: &[u8], names: &Names, key: &[u8]) {
-    out.extend_from_slice(head);
-    push_decimal(out, names.len(key.len()));
-    out.extend_from_slice(b"\r\n");
-    names.write(out, key);
-    out.extend_from_slice(b"\r\n");
+    encode(out, &[b"TYPE", &names.name(key)]);
 }
 
 fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
