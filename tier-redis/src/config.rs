@@ -70,9 +70,11 @@ pub struct RedisConfig {
     /// Reconnection attempts after a dropped connection before a command
     /// fails. Default 1 (fail fast; the lookup manager probes again later).
     pub reconnect_retries: usize,
-    /// Send lookups' EXISTS pipelines pre-packed over plain-TCP connections
-    /// of the tier's own, reading the integer replies directly, instead of
-    /// through redis-rs (which builds and parses a value per command). Any
+    /// Send lookups' EXISTS pipelines pre-packed over one plain-TCP
+    /// connection of the tier's own per server (shared by every lookup in
+    /// flight; a pipeline's response timeout counts its wait behind the
+    /// others), reading the integer replies directly, instead of through
+    /// redis-rs (which builds and parses a value per command). Any
     /// error reply or connection trouble falls back to redis-rs, which
     /// decides the outcome; a reply that breaks the protocol is an error on
     /// both paths alike. TLS always uses redis-rs. Default true.

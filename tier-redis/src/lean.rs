@@ -1,16 +1,18 @@
 //! A lean EXISTS pipeline over plain TCP: the lookup hot path only.
 //!
 //! A batch of EXISTS commands is written as one pre-packed RESP buffer and
-//! the integer replies are read straight into booleans, on connections from
-//! a small pool (one pipeline per connection at a time). redis-rs builds two
-//! heap objects per command and parses every reply into a generic value;
-//! on a cluster, where the client's CPU is the bottleneck, that was most of
-//! the cost per key.
+//! the integer replies are read straight into booleans. Every pipeline to
+//! a server goes over one connection ([`LeanPool`]): callers write theirs
+//! whole, one after another, and a reader task hands each its replies in
+//! the order written, so the server finds the next pipeline waiting when it
+//! finishes one. redis-rs builds two heap objects per command and parses
+//! every reply into a generic value; on a cluster, where the client's CPU
+//! is the bottleneck, that was most of the cost per key.
 //!
-//! An error reply (MOVED, ASK, NOAUTH, LOADING...), a broken connection or
-//! a failed handshake is an error here and the caller asks redis-rs
-//! instead; a server silent past the response timeout is a timeout the
-//! caller reports as such. The connection is dropped either way. A reply that breaks
+//! An error reply (MOVED, ASK, NOAUTH, LOADING...) fails its own pipeline,
+//! and a broken connection or a failed handshake the pipelines on it; the
+//! caller then asks redis-rs instead. A server silent past the response
+//! timeout is a timeout the caller reports as such. A reply that breaks
 //! the protocol (an EXISTS answer other than `:0` or `:1`, a reply line
 //! without end, replies out of step) is an error on both paths: the caller
 //! checks redis-rs's answers with the same rule ([`exists_answer`], and an
@@ -24,19 +26,17 @@
 //! is bounded by the response timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use kvtier_core::{OffloadKey, Spawner};
+use kvtier_core::{AbortOnDrop, OffloadKey, Spawner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::names::Names;
 use crate::reply::exists_answer;
-
-/// Idle connections kept per server.
-const MAX_IDLE: usize = 32;
 
 /// The longest reply line read, CRLF excluded. An integer reply takes at
 /// most 21 bytes, an error reply (`-MOVED <slot> <host>:<port>`, `-ERR ...`)
@@ -176,22 +176,66 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// Connections to one server, each used by one pipeline at a time.
+/// One connection to one server, shared by every pipeline sent to it.
 ///
-/// They are opened on the tier's I/O runtime (`io`), so their sockets stay
+/// Pipelines are written one after another, each whole, by their callers
+/// (under a lock, so that bytes of two never mix), and a reader task reads
+/// the replies back in the order the pipelines were written. The server
+/// always has the next pipeline queued behind the one it answers, where a
+/// connection per pipeline left it idle between one pipeline's end and
+/// the next one's arrival on another connection, and a step in flight no
+/// longer costs a connection per server. The connection is opened, and
+/// its reader runs, on the tier's I/O runtime (`io`), so its socket stays
 /// registered with a reactor that lives as long as the tier, whatever
-/// runtime the pipelines run on.
+/// runtime the callers run on.
+///
+/// An error reply (MOVED during resharding, NOAUTH...) fails its own
+/// pipeline only: the rest of that pipeline's replies are read, and the
+/// connection goes on. Anything else (connection trouble, a silent server,
+/// a protocol violation) fails the pipeline it hit, fails every pipeline
+/// written after it, and drops the connection; the next pipeline opens a
+/// new one.
 #[derive(Debug)]
 pub(crate) struct LeanPool {
     endpoint: Endpoint,
     io: Spawner,
-    idle: Mutex<Vec<Conn>>,
+    conn: tokio::sync::Mutex<Option<Mux>>,
 }
 
+/// The writing side of the shared connection, and its reader.
 #[derive(Debug)]
-struct Conn {
-    stream: TcpStream,
-    read: Vec<u8>,
+struct Mux {
+    write: OwnedWriteHalf,
+    /// The pipelines written and not yet answered, in the order written.
+    /// Closed by the reader when it ends.
+    written: mpsc::UnboundedSender<Pending>,
+    /// The reader task: aborted when the connection is dropped.
+    _reader: AbortOnDrop<()>,
+}
+
+/// A pipeline written, waiting for its replies.
+#[derive(Debug)]
+struct Pending {
+    /// EXISTS commands in it (its end marker excluded).
+    n: usize,
+    deadline: Instant,
+    answer: oneshot::Sender<Result<Vec<bool>, LeanError>>,
+}
+
+/// Drops the connection unless the write it guards finished: a write cut
+/// short (an error, the deadline, the caller gone) leaves part of a
+/// command on the wire.
+struct WriteGuard<'a> {
+    slot: &'a mut Option<Mux>,
+    finished: bool,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            *self.slot = None;
+        }
+    }
 }
 
 impl LeanPool {
@@ -199,7 +243,7 @@ impl LeanPool {
         Self {
             endpoint,
             io,
-            idle: Mutex::new(Vec::new()),
+            conn: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -207,8 +251,8 @@ impl LeanPool {
     ///
     /// The pipeline ends with an end marker, `TYPE <first name>` (same
     /// slot, same ACL category as EXISTS), whose simple-string reply must
-    /// come right after the last EXISTS answer, and last: a missing or an
-    /// extra reply puts it out of place.
+    /// come right after the last EXISTS answer: a missing or an extra
+    /// reply puts it out of place.
     pub(crate) async fn exists<'a>(
         &self,
         names: &Names,
@@ -226,159 +270,264 @@ impl LeanPool {
             return Ok(Vec::new());
         };
         encode_end_marker(&mut out, names, first.as_bytes());
-        let mut conn = match self.take_idle() {
-            Some(conn) => conn,
-            None => self.connect().await?,
-        };
-        let mut found = Vec::with_capacity(n);
         let deadline = Instant::now() + self.endpoint.response_timeout;
-        let answered = tokio::time::timeout_at(deadline, async {
-            conn.stream.write_all(&out).await?;
-            conn.read_replies(n, &mut found, deadline).await
-        })
-        .await
-        .map_err(|_| LeanError::Timeout)
-        .and_then(|r| r);
-        if let Err(e) = answered {
-            // This connection goes (it may hold unread replies). After
-            // connection trouble the idle ones are likely dead too (a
-            // restarted server): drop them rather than fail on each in turn.
-            if !matches!(e, LeanError::Server(_)) {
-                self.idle
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clear();
-            }
-            return Err(e);
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < MAX_IDLE {
-            idle.push(conn);
-        }
-        Ok(found)
-    }
-
-    /// An idle connection with nothing unread on it: one that the server
-    /// closed, or that holds bytes no command asked for, is dropped.
-    fn take_idle(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some(conn) = idle.pop() {
-            let mut probe = [0u8; 1];
-            match conn.stream.try_read(&mut probe) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(conn),
-                _ => {}
-            }
-        }
-        None
-    }
-
-    /// A new connection, opened on the I/O runtime.
-    async fn connect(&self) -> Result<Conn, LeanError> {
-        match self.io.spawn(Conn::open(self.endpoint.clone())).await {
-            Ok(opened) => opened,
-            Err(_) => Err(LeanError::Closed(
-                "before the handshake: the tier's I/O runtime stopped",
+        let answer = tokio::time::timeout_at(deadline, self.write(n, &out, deadline))
+            .await
+            .map_err(|_| LeanError::Timeout)??;
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(answered)) => answered,
+            Ok(Err(_)) => Err(LeanError::Closed(
+                "before the replies: the connection was dropped",
             )),
+            Err(_) => Err(LeanError::Timeout),
         }
+    }
+
+    /// Writes one pipeline of `n` EXISTS and its end marker on the shared
+    /// connection (opened first if there is none, or its reader ended),
+    /// and gives where its replies will come.
+    async fn write(
+        &self,
+        n: usize,
+        pipeline: &[u8],
+        deadline: Instant,
+    ) -> Result<oneshot::Receiver<Result<Vec<bool>, LeanError>>, LeanError> {
+        let mut slot = self.conn.lock().await;
+        if slot.as_ref().is_none_or(|mux| mux.written.is_closed()) {
+            // No connection, or its reader ended (an error, or the server
+            // closed it while idle): a new one.
+            *slot = None;
+            *slot = Some(self.connect().await?);
+        }
+        let mut guard = WriteGuard {
+            slot: &mut slot,
+            finished: false,
+        };
+        let Some(mux) = guard.slot.as_mut() else {
+            return Err(LeanError::Closed("before the pipeline was written"));
+        };
+        let (answer, replies) = oneshot::channel();
+        // Queued for the reader before the bytes go, so that the reader
+        // knows of every pipeline whose replies it may see.
+        mux.written
+            .send(Pending {
+                n,
+                deadline,
+                answer,
+            })
+            .map_err(|_| LeanError::Closed("before the pipeline was written"))?;
+        mux.write.write_all(pipeline).await?;
+        guard.finished = true;
+        Ok(replies)
+    }
+
+    /// A new connection, opened on the I/O runtime, with its reader there.
+    async fn connect(&self) -> Result<Mux, LeanError> {
+        let (reader, write) = match self.io.spawn(open(self.endpoint.clone())).await {
+            Ok(opened) => opened?,
+            Err(_) => {
+                return Err(LeanError::Closed(
+                    "before the handshake: the tier's I/O runtime stopped",
+                ));
+            }
+        };
+        let (written, pending) = mpsc::unbounded_channel();
+        Ok(Mux {
+            write,
+            written,
+            _reader: self.io.spawn(reader.run(pending)),
+        })
     }
 }
 
-impl Conn {
-    /// Connects to `e` and enters it (AUTH, SELECT).
-    async fn open(e: Endpoint) -> Result<Conn, LeanError> {
-        let e = &e;
-        let stream = tokio::time::timeout(
-            e.connect_timeout,
-            TcpStream::connect((e.host.as_str(), e.port)),
-        )
+/// Connects to `e` and enters it (AUTH, SELECT): the connection's two
+/// halves, the reading one holding whatever followed the handshake's
+/// replies (nothing, from an honest server).
+async fn open(e: Endpoint) -> Result<(Reader, OwnedWriteHalf), LeanError> {
+    let e = &e;
+    let stream = tokio::time::timeout(
+        e.connect_timeout,
+        TcpStream::connect((e.host.as_str(), e.port)),
+    )
+    .await
+    .map_err(|_| LeanError::Timeout)??;
+    stream.set_nodelay(true)?;
+    let mut hello = Vec::new();
+    let mut expect = 0;
+    if let Some(password) = &e.password {
+        match &e.username {
+            Some(user) => encode(&mut hello, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
+            None => encode(&mut hello, &[b"AUTH", password.as_bytes()]),
+        }
+        expect += 1;
+    }
+    if e.db != 0 {
+        encode(&mut hello, &[b"SELECT", e.db.to_string().as_bytes()]);
+        expect += 1;
+    }
+    let (read, mut write) = stream.into_split();
+    let mut reader = Reader {
+        stream: read,
+        read: Vec::with_capacity(READ_CHUNK),
+        at: 0,
+    };
+    if expect > 0 {
+        let deadline = Instant::now() + e.response_timeout;
+        tokio::time::timeout_at(deadline, async {
+            write.write_all(&hello).await?;
+            reader.read_ok(expect, deadline).await
+        })
         .await
         .map_err(|_| LeanError::Timeout)??;
-        stream.set_nodelay(true)?;
-        let mut conn = Conn {
-            stream,
-            read: Vec::with_capacity(16 << 10),
-        };
-        let mut hello = Vec::new();
-        let mut expect = 0;
-        if let Some(password) = &e.password {
-            match &e.username {
-                Some(user) => encode(&mut hello, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
-                None => encode(&mut hello, &[b"AUTH", password.as_bytes()]),
-            }
-            expect += 1;
-        }
-        if e.db != 0 {
-            encode(&mut hello, &[b"SELECT", e.db.to_string().as_bytes()]);
-            expect += 1;
-        }
-        if expect > 0 {
-            let deadline = Instant::now() + e.response_timeout;
-            tokio::time::timeout_at(deadline, async {
-                conn.stream.write_all(&hello).await?;
-                conn.read_ok(expect, deadline).await
-            })
+    }
+    Ok((reader, write))
+}
+
+/// The reading side of the shared connection.
+struct Reader {
+    stream: OwnedReadHalf,
+    /// Bytes read and not yet parsed start at `at`.
+    read: Vec<u8>,
+    at: usize,
+}
+
+impl Reader {
+    /// Answers the pipelines in the order written until the connection
+    /// breaks or the pool drops it. Then every pipeline still waiting
+    /// fails: those behind a silent server as timed out, the rest as
+    /// closed.
+    async fn run(mut self, mut written: mpsc::UnboundedReceiver<Pending>) {
+        let mut next = None;
+        let timed_out = loop {
+            let pending = match next.take() {
+                Some(pending) => pending,
+                None => match self.idle(&mut written).await {
+                    Some(pending) => pending,
+                    None => return,
+                },
+            };
+            let mut found = Vec::with_capacity(pending.n);
+            let read = tokio::time::timeout_at(
+                pending.deadline,
+                self.read_pipeline(pending.n, &mut found, pending.deadline),
+            )
             .await
-            .map_err(|_| LeanError::Timeout)??;
+            .unwrap_or(Err(LeanError::Timeout));
+            let answer = match read {
+                Ok(refused) => {
+                    let extra = self.at != self.read.len();
+                    if extra {
+                        // The next pipeline's replies, if one was written
+                        // (each is queued before its bytes go).
+                        next = written.try_recv().ok();
+                    }
+                    match refused {
+                        _ if extra && next.is_none() => {
+                            Err(LeanError::Protocol("more replies than commands"))
+                        }
+                        Some(line) => Err(LeanError::Server(line)),
+                        None => Ok(found),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            // An error reply leaves the connection in step; anything else
+            // ends it.
+            let ends = !matches!(answer, Ok(_) | Err(LeanError::Server(_)));
+            let timed_out = matches!(answer, Err(LeanError::Timeout));
+            let _ = pending.answer.send(answer);
+            if ends {
+                break timed_out;
+            }
+        };
+        written.close();
+        for pending in next
+            .into_iter()
+            .chain(std::iter::from_fn(|| written.try_recv().ok()))
+        {
+            let _ = pending.answer.send(Err(if timed_out {
+                LeanError::Timeout
+            } else {
+                LeanError::Closed("after an earlier pipeline on it failed")
+            }));
         }
-        Ok(conn)
     }
 
-    /// Reads `n` EXISTS answers into `found`, then the end marker's reply;
-    /// nothing may follow.
-    async fn read_replies(
+    /// Waits for the next pipeline written. `None` when the pool dropped
+    /// the connection, or the server closed it or sent bytes nobody asked
+    /// for while no pipeline was out (the next pipeline opens a new
+    /// connection instead of failing on this one).
+    async fn idle(&mut self, written: &mut mpsc::UnboundedReceiver<Pending>) -> Option<Pending> {
+        loop {
+            tokio::select! {
+                biased;
+                pending = written.recv() => return pending,
+                ready = self.stream.readable() => {
+                    if ready.is_err() {
+                        return None;
+                    }
+                    match self.stream.try_read(&mut [0u8; 1]) {
+                        // A spurious wake-up: nothing to read after all.
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        _ => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads `n` EXISTS answers into `found`, then the end marker's reply.
+    /// An error reply in them is kept (the first) and given back after the
+    /// pipeline's last reply: the connection is still in step.
+    async fn read_pipeline(
         &mut self,
         n: usize,
         found: &mut Vec<bool>,
         deadline: Instant,
-    ) -> Result<(), LeanError> {
-        self.read.clear();
-        let mut at = 0;
+    ) -> Result<Option<String>, LeanError> {
+        let mut refused = None;
         while found.len() < n {
-            at += parse_integers(&self.read[at..], n - found.len(), found)?;
+            let parsed =
+                parse_integers(&self.read[self.at..], n - found.len(), found, &mut refused)?;
+            self.at += parsed;
             if found.len() < n {
-                // The tail holds no complete line: keep it, read until a
-                // line ends.
-                self.read.drain(..at);
-                at = 0;
+                // The tail holds no complete line: read until a line ends.
                 self.fill_line(deadline).await?;
             }
         }
-        // The marker's reply: a simple string (`+none`, `+string`...),
-        // and nothing after it.
+        // The marker's reply: a simple string (`+none`, `+string`...), or
+        // the error the pipeline's commands were refused with.
         loop {
-            match line(&self.read[at..])? {
+            match line(&self.read[self.at..])? {
                 Some((reply, used)) => {
-                    match reply.first() {
-                        Some(b'+') => {}
-                        Some(b'-') => {
-                            return Err(LeanError::Server(
-                                String::from_utf8_lossy(&reply[1..]).into_owned(),
-                            ));
+                    match reply.split_first() {
+                        Some((b'+', _)) => {}
+                        Some((b'-', message)) => {
+                            refused.get_or_insert_with(|| {
+                                String::from_utf8_lossy(message).into_owned()
+                            });
                         }
-                        Some(b':') => {
+                        Some((b':', _)) => {
                             return Err(LeanError::Protocol("more replies than commands"));
                         }
-                        _ => return Err(LeanError::Protocol("not the end marker's reply")),
+                        _ => {
+                            return Err(LeanError::Protocol("not the end marker's reply"));
+                        }
                     }
-                    at += used;
-                    break;
+                    self.at += used;
+                    return Ok(refused);
                 }
-                None => {
-                    self.read.drain(..at);
-                    at = 0;
-                    self.fill_line(deadline).await?;
-                }
+                None => self.fill_line(deadline).await?,
             }
         }
-        if at != self.read.len() {
-            return Err(LeanError::Protocol("more replies than commands"));
-        }
-        Ok(())
     }
 
-    /// Reads until `self.read` holds a line end: each byte read is scanned
-    /// once here, and a line longer than [`MAX_REPLY_LINE`] is an error.
+    /// Reads until the unparsed bytes hold a line end: each byte read is
+    /// scanned once here, and a line longer than [`MAX_REPLY_LINE`] is an
+    /// error. Parsed bytes are dropped first.
     async fn fill_line(&mut self, deadline: Instant) -> Result<(), LeanError> {
+        self.read.drain(..self.at);
+        self.at = 0;
         let mut scanned = 0;
         loop {
             if self.read[scanned..].contains(&b'\n') {
@@ -413,28 +562,22 @@ impl Conn {
 
     /// Reads `n` `+OK` replies.
     async fn read_ok(&mut self, n: usize, deadline: Instant) -> Result<(), LeanError> {
-        self.read.clear();
         let mut seen = 0;
-        let mut at = 0;
         while seen < n {
-            match line(&self.read[at..])? {
+            match line(&self.read[self.at..])? {
                 Some((b"+OK", used)) => {
                     seen += 1;
-                    at += used;
+                    self.at += used;
                 }
                 Some((other, _)) => {
                     return Err(LeanError::Server(
                         String::from_utf8_lossy(other).into_owned(),
                     ));
                 }
-                None => {
-                    self.read.drain(..at);
-                    at = 0;
-                    self.fill_line(deadline).await.map_err(|e| match e {
-                        LeanError::Closed(_) => LeanError::Closed("in the handshake"),
-                        e => e,
-                    })?;
-                }
+                None => self.fill_line(deadline).await.map_err(|e| match e {
+                    LeanError::Closed(_) => LeanError::Closed("in the handshake"),
+                    e => e,
+                })?,
             }
         }
         Ok(())
@@ -533,9 +676,16 @@ fn line(buf: &[u8]) -> Result<Option<(&[u8], usize)>, LeanError> {
 
 /// Parses up to `want` complete EXISTS answers (`:0\r\n`, `:1\r\n`) from `buf`
 /// into `found`; returns the bytes consumed. An incomplete reply at the end
-/// is left for the next read; an error reply, another integer or anything
-/// else is an error.
-fn parse_integers(buf: &[u8], want: usize, found: &mut Vec<bool>) -> Result<usize, LeanError> {
+/// is left for the next read. An error reply counts as an answer (`false`
+/// in `found`) and the first one is kept in `refused`, so that the rest of
+/// the pipeline is read and the connection stays in step; another integer
+/// or anything else is an error.
+fn parse_integers(
+    buf: &[u8],
+    want: usize,
+    found: &mut Vec<bool>,
+    refused: &mut Option<String>,
+) -> Result<usize, LeanError> {
     let mut at = 0;
     let mut parsed = 0;
     while parsed < want {
@@ -559,9 +709,8 @@ fn parse_integers(buf: &[u8], want: usize, found: &mut Vec<bool>) -> Result<usiz
                 );
             }
             Some((b'-', message)) => {
-                return Err(LeanError::Server(
-                    String::from_utf8_lossy(message).into_owned(),
-                ));
+                refused.get_or_insert_with(|| String::from_utf8_lossy(message).into_owned());
+                found.push(false);
             }
             _ => return Err(LeanError::Protocol("not an integer reply")),
         }
@@ -596,17 +745,23 @@ mod tests {
     fn parses_integer_replies_and_rejects_the_rest() {
         let mut found = Vec::new();
         assert_eq!(
-            parse_integers(b":1\r\n:0\r\n:01\r\n:-0\r\n:0", 6, &mut found).unwrap(),
+            parse_integers(b":1\r\n:0\r\n:01\r\n:-0\r\n:0", 6, &mut found, &mut None).unwrap(),
             18
         );
         assert_eq!(found, [true, false, true, false]);
+        // An error reply is kept (the first) and counted as an answer, so
+        // that the rest of the pipeline is read.
         let mut found = Vec::new();
+        let mut refused = None;
+        let wire = b":1\r\n-MOVED 3999 127.0.0.1:6381\r\n-ASK 1 h:1\r\n:1\r\n";
+        assert_eq!(
+            parse_integers(wire, 4, &mut found, &mut refused).unwrap(),
+            wire.len()
+        );
+        assert_eq!(found, [true, false, false, true]);
+        assert_eq!(refused.as_deref(), Some("MOVED 3999 127.0.0.1:6381"));
         assert!(matches!(
-            parse_integers(b":1\r\n-MOVED 3999 127.0.0.1:6381\r\n", 2, &mut found),
-            Err(LeanError::Server(m)) if m.starts_with("MOVED")
-        ));
-        assert!(matches!(
-            parse_integers(b"+OK\r\n", 1, &mut Vec::new()),
+            parse_integers(b"+OK\r\n", 1, &mut Vec::new(), &mut None),
             Err(LeanError::Protocol(_))
         ));
         // What no single-key EXISTS answers, and what redis-rs cannot read
@@ -622,7 +777,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    parse_integers(bad, 1, &mut Vec::new()),
+                    parse_integers(bad, 1, &mut Vec::new(), &mut None),
                     Err(LeanError::Protocol(_))
                 ),
                 "{}",
@@ -631,7 +786,10 @@ mod tests {
         }
         // Never more than asked for.
         let mut found = Vec::new();
-        assert_eq!(parse_integers(b":1\r\n:1\r\n", 1, &mut found).unwrap(), 4);
+        assert_eq!(
+            parse_integers(b":1\r\n:1\r\n", 1, &mut found, &mut None).unwrap(),
+            4
+        );
         assert_eq!(found, [true]);
     }
 
@@ -683,7 +841,8 @@ mod tests {
             for cut in cuts {
                 buf.extend_from_slice(&wire[from..cut]);
                 from = cut;
-                let used = parse_integers(&buf, values.len() - found.len(), &mut found).unwrap();
+                let used =
+                    parse_integers(&buf, values.len() - found.len(), &mut found, &mut None).unwrap();
                 buf.drain(..used);
             }
             proptest::prop_assert!(buf.is_empty());

@@ -12,10 +12,12 @@
 //!   dropped and that group's keys are asked one command at a time, with the
 //!   client library following MOVED / ASK.
 //! - **Lean pipelines.** Over plain TCP, lookup pipelines are written
-//!   pre-packed on connections of the tier's own and the integer replies
-//!   are read straight into booleans (redis-rs builds and parses a value per
-//!   command: nearly half the client's CPU per key). Any error reply
-//!   (MOVED, NOAUTH...) or connection trouble hands the chunk to redis-rs,
+//!   pre-packed on one connection of the tier's own per server (pipelines
+//!   from every lookup in flight queue on it, their replies read back in
+//!   order) and the integer replies are read straight into booleans
+//!   (redis-rs builds and parses a value per command: nearly half the
+//!   client's CPU per key). Any error reply (MOVED, NOAUTH...) or
+//!   connection trouble hands the chunk to redis-rs,
 //!   which decides the outcome; TLS always uses redis-rs. `lean_pipelines =
 //!   false` turns it off; [`RedisTier::pipeline_stats`] counts both paths.
 //! - **Replies are checked, the same way on both paths.** Each EXISTS must

@@ -620,3 +620,111 @@ async fn raw_query<T: redis::FromRedisValue>(tier: &RedisTier, cmd: &redis::Cmd)
         cmd.query_async(&mut conn).await.unwrap()
     }
 }
+
+/// `connected_clients` of the server behind `url`.
+async fn connected_clients(url: &str) -> u64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Lean pipelines share one connection per server: 32 tasks looking up at
+/// once, 64 keys to a pipeline, each get their own answers, none falls
+/// back to redis-rs, and the server sees one lookup connection, not one
+/// per pipeline in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_lean_pipelines_share_one_connection_and_keep_their_answers() {
+    let Some(redis) = support::binary(
+        "redis-server",
+        "concurrent_lean_pipelines_share_one_connection_and_keep_their_answers",
+    ) else {
+        return;
+    };
+    let server = PrivateServer::redis(redis);
+    let tier = Arc::new(
+        RedisTier::new(RedisConfig {
+            pipeline_chunk: 64,
+            ..RedisConfig::from_url(server.url())
+        })
+        .unwrap(),
+    );
+    tier.ping().await.unwrap();
+    let keys = unique_keys(32 * 1024, 36);
+    store_every(&tier, &keys, 3).await;
+    let before = connected_clients(&server.url()).await;
+    let tasks: Vec<_> = keys
+        .chunks(1024)
+        .enumerate()
+        .map(|(t, chunk)| {
+            let tier = Arc::clone(&tier);
+            let chunk = chunk.to_vec();
+            tokio::spawn(async move {
+                let mut wrong = 0;
+                for round in 0..4 {
+                    let found = tier.exists_many(&chunk).await.unwrap();
+                    assert_eq!(found.len(), chunk.len(), "task {t} round {round}");
+                    wrong += found
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, &f)| f != ((t * 1024 + i) % 3 == 0))
+                        .count();
+                }
+                wrong
+            })
+        })
+        .collect();
+    let mut wrong = 0;
+    for task in tasks {
+        wrong += task.await.unwrap();
+    }
+    assert_eq!(wrong, 0);
+    let stats = tier.pipeline_stats();
+    assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    assert!(stats.lean >= 32 * 4 * 16, "{stats:?}");
+    // The stores' connection was there before; the lookups add one.
+    assert_eq!(connected_clients(&server.url()).await, before + 1);
+}
+
+/// A lookup cancelled at any point (before, during or after its pipeline
+/// is written, while its replies arrive) leaves no stray replies behind:
+/// the next lookups get their own answers, on the lean path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_lookups_leave_the_next_ones_their_own_answers() {
+    for tier in tiers("cancelled_lookups_leave_the_next_ones_their_own_answers") {
+        let keys = unique_keys(20_000, 36);
+        store_every(&tier, &keys, 2).await;
+        let first = tier.exists_many(&keys[..1]).await.unwrap();
+        assert_eq!(first, [true]);
+        let fallbacks = tier.pipeline_stats().fallbacks;
+        for micros in [0, 20, 50, 100, 200, 500, 1000, 2000, 5000] {
+            let cut =
+                tokio::time::timeout(Duration::from_micros(micros), tier.exists_many(&keys)).await;
+            if let Ok(found) = cut {
+                assert_eq!(found.unwrap().len(), keys.len());
+            }
+            let found = tier.exists_many(&keys[..4096]).await.unwrap();
+            let wrong = found
+                .iter()
+                .enumerate()
+                .filter(|&(i, &f)| f != (i % 2 == 0))
+                .count();
+            assert_eq!(wrong, 0, "{} after a cut at {micros} µs", tier.endpoint());
+        }
+        assert_eq!(
+            tier.pipeline_stats().fallbacks,
+            fallbacks,
+            "{}",
+            tier.endpoint()
+        );
+    }
+}

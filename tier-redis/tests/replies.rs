@@ -3,6 +3,8 @@
 //! error, and every call returns within its bound however the server
 //! misbehaves.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kvtier_core::testkit::unique_keys;
@@ -31,11 +33,29 @@ enum Answer {
     Missing,
     /// A reply line to the first EXISTS that never ends.
     Endless,
+    /// `-MOVED` to the first EXISTS the server sees on any connection,
+    /// `:1` to every other.
+    MovedOnce,
+    /// The connection closed, unanswered, at the first EXISTS the server
+    /// sees on any connection; `:1` to every other.
+    HangUpOnce,
+}
+
+/// What the fake server saw, across its connections.
+#[derive(Default)]
+struct Seen {
+    /// Connections whose first command was EXISTS: the lean path's (it
+    /// sends no handshake to a server without a password or a database;
+    /// redis-rs starts with its own commands).
+    lean_connections: AtomicUsize,
+    /// Whether the `...Once` misbehaviour happened.
+    fired: AtomicBool,
 }
 
 /// A fake server on a free loopback port; stops when dropped.
 struct FakeRedis {
     port: u16,
+    seen: Arc<Seen>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -49,13 +69,15 @@ impl FakeRedis {
     async fn start(answer: Answer) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Seen::default());
+        let shared = Arc::clone(&seen);
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             while let Ok((conn, _)) = listener.accept().await {
-                conns.spawn(serve(conn, answer, port));
+                conns.spawn(serve(conn, answer, port, Arc::clone(&shared)));
             }
         });
-        Self { port, task }
+        Self { port, seen, task }
     }
 
     fn url(&self) -> String {
@@ -92,20 +114,31 @@ fn command(buf: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
     Some((args, at))
 }
 
-async fn serve(mut conn: TcpStream, answer: Answer, port: u16) {
+async fn serve(mut conn: TcpStream, answer: Answer, port: u16, seen: Arc<Seen>) {
     let mut buf = Vec::new();
     let mut exists_seen = 0;
+    let mut commands_seen = 0;
     let mut chunk = [0u8; 16 << 10];
     loop {
         let mut out = Vec::new();
         while let Some((args, used)) = command(&buf) {
             buf.drain(..used);
             let name = args[0].to_ascii_uppercase();
+            commands_seen += 1;
+            if commands_seen == 1 && name == b"EXISTS" {
+                seen.lean_connections.fetch_add(1, Ordering::SeqCst);
+            }
             match name.as_slice() {
                 b"EXISTS" => {
                     exists_seen += 1;
                     let first = exists_seen == 1;
+                    let first_anywhere = !seen.fired.swap(true, Ordering::SeqCst);
                     match answer {
+                        Answer::MovedOnce if first_anywhere => out.extend_from_slice(
+                            format!("-MOVED 0 127.0.0.1:{port}\r\n").as_bytes(),
+                        ),
+                        Answer::HangUpOnce if first_anywhere => return,
+                        Answer::MovedOnce | Answer::HangUpOnce => out.extend_from_slice(b":1\r\n"),
                         Answer::Honest => out.extend_from_slice(b":1\r\n"),
                         Answer::Overflowing => {
                             out.extend_from_slice(b":99999999999999999999999\r\n");
@@ -166,6 +199,18 @@ fn tier(
     connect_ms: u64,
     response_ms: u64,
 ) -> RedisTier {
+    chunked_tier(server, lean, cluster, connect_ms, response_ms, 512)
+}
+
+/// The same, with `chunk` keys per pipeline.
+fn chunked_tier(
+    server: &FakeRedis,
+    lean: bool,
+    cluster: bool,
+    connect_ms: u64,
+    response_ms: u64,
+    chunk: usize,
+) -> RedisTier {
     let base = if cluster {
         RedisConfig::cluster([server.url()])
     } else {
@@ -175,6 +220,7 @@ fn tier(
         lean_pipelines: lean,
         connect_timeout_ms: connect_ms,
         response_timeout_ms: response_ms,
+        pipeline_chunk: chunk,
         ..base
     })
     .unwrap()
@@ -248,5 +294,60 @@ async fn a_reply_line_that_never_ends_is_a_typed_error_within_the_response_timeo
                 "redis-rs: {err:?}"
             );
         }
+    }
+}
+
+/// An error reply in one pipeline fails that pipeline only: the pipelines
+/// written behind it on the same connection are answered, and the
+/// connection stays (the rest of the refused pipeline's replies are read,
+/// so it is still in step). Before, the connection was dropped with the
+/// refused pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_reply_fails_its_own_pipeline_and_the_connection_stays_in_step() {
+    for cluster in [false, true] {
+        let server = FakeRedis::start(Answer::MovedOnce).await;
+        // 16 pipelines of 4 keys, up to 8 on the connection at once.
+        let tier = chunked_tier(&server, true, cluster, 500, 1_000, 4);
+        let keys = unique_keys(64, 36);
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [true; 64]);
+        // The refused pipeline was asked again through redis-rs; a moved
+        // slot does not pause the lean path.
+        let stats = tier.pipeline_stats();
+        assert_eq!((stats.lean, stats.fallbacks), (15, 1), "cluster {cluster}");
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [true; 64]);
+        let stats = tier.pipeline_stats();
+        assert_eq!((stats.lean, stats.fallbacks), (31, 1), "cluster {cluster}");
+        // Every lean pipeline went over one connection.
+        assert_eq!(
+            server.seen.lean_connections.load(Ordering::SeqCst),
+            1,
+            "cluster {cluster}"
+        );
+    }
+}
+
+/// A server that hangs up with pipelines in flight on the shared
+/// connection: every one of them is asked again through redis-rs (which
+/// reconnects), so the lookup answers right, with no error; after the lean
+/// path's pause, a new connection takes the lean pipelines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_hanging_up_mid_batch_fails_the_pipelines_in_flight_over_to_redis_rs() {
+    for cluster in [false, true] {
+        let server = FakeRedis::start(Answer::HangUpOnce).await;
+        let tier = chunked_tier(&server, true, cluster, 500, 1_000, 4);
+        let keys = unique_keys(64, 36);
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [true; 64]);
+        let stats = tier.pipeline_stats();
+        assert!(stats.fallbacks >= 1, "cluster {cluster}: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [true; 64]);
+        let after = tier.pipeline_stats();
+        assert_eq!(after.lean, stats.lean + 16, "cluster {cluster}: {after:?}");
+        assert_eq!(after.fallbacks, stats.fallbacks, "cluster {cluster}");
+        assert_eq!(
+            server.seen.lean_connections.load(Ordering::SeqCst),
+            2,
+            "cluster {cluster}"
+        );
     }
 }
