@@ -25,6 +25,7 @@
 //! long, each byte is scanned for a line end once, and the whole pipeline
 //! is bounded by the response timeout.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ use kvtier_core::{AbortOnDrop, OffloadKey, Spawner};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::names::Names;
@@ -209,6 +210,8 @@ struct Mux {
     /// The pipelines written and not yet answered, in the order written.
     /// Closed by the reader when it ends.
     written: mpsc::UnboundedSender<Pending>,
+    /// Tells the reader that a pipeline's deadline passed with no reply.
+    stop: Arc<Notify>,
     /// The reader task: aborted when the connection is dropped.
     _reader: AbortOnDrop<()>,
 }
@@ -271,7 +274,7 @@ impl LeanPool {
         };
         encode_end_marker(&mut out, names, first.as_bytes());
         let deadline = Instant::now() + self.endpoint.response_timeout;
-        let answer = tokio::time::timeout_at(deadline, self.write(n, &out, deadline))
+        let (answer, stop) = tokio::time::timeout_at(deadline, self.write(n, &out, deadline))
             .await
             .map_err(|_| LeanError::Timeout)??;
         match tokio::time::timeout_at(deadline, answer).await {
@@ -279,19 +282,24 @@ impl LeanPool {
             Ok(Err(_)) => Err(LeanError::Closed(
                 "before the replies: the connection was dropped",
             )),
-            Err(_) => Err(LeanError::Timeout),
+            Err(_) => {
+                // The reader may be waiting for a first byte that never
+                // comes: it ends, and so does every pipeline behind this one.
+                stop.notify_one();
+                Err(LeanError::Timeout)
+            }
         }
     }
 
     /// Writes one pipeline of `n` EXISTS and its end marker on the shared
     /// connection (opened first if there is none, or its reader ended),
-    /// and gives where its replies will come.
+    /// and gives where its replies will come, and how to stop its reader.
     async fn write(
         &self,
         n: usize,
         pipeline: &[u8],
         deadline: Instant,
-    ) -> Result<oneshot::Receiver<Result<Vec<bool>, LeanError>>, LeanError> {
+    ) -> Result<(oneshot::Receiver<Result<Vec<bool>, LeanError>>, Arc<Notify>), LeanError> {
         let mut slot = self.conn.lock().await;
         if slot.as_ref().is_none_or(|mux| mux.written.is_closed()) {
             // No connection, or its reader ended (an error, or the server
@@ -316,9 +324,10 @@ impl LeanPool {
                 answer,
             })
             .map_err(|_| LeanError::Closed("before the pipeline was written"))?;
+        let stop = Arc::clone(&mux.stop);
         mux.write.write_all(pipeline).await?;
         guard.finished = true;
-        Ok(replies)
+        Ok((replies, stop))
     }
 
     /// A new connection, opened on the I/O runtime, with its reader there.
@@ -332,10 +341,12 @@ impl LeanPool {
             }
         };
         let (written, pending) = mpsc::unbounded_channel();
+        let stop = Arc::new(Notify::new());
         Ok(Mux {
             write,
             written,
-            _reader: self.io.spawn(reader.run(pending)),
+            _reader: self.io.spawn(reader.run(pending, Arc::clone(&stop))),
+            stop,
         })
     }
 }
@@ -396,14 +407,14 @@ impl Reader {
     /// breaks or the pool drops it. Then every pipeline still waiting
     /// fails: those behind a silent server as timed out, the rest as
     /// closed.
-    async fn run(mut self, mut written: mpsc::UnboundedReceiver<Pending>) {
+    async fn run(mut self, mut written: mpsc::UnboundedReceiver<Pending>, stop: Arc<Notify>) {
         let mut next = None;
         let timed_out = loop {
             let pending = match next.take() {
                 Some(pending) => pending,
-                None => match self.idle(&mut written).await {
-                    Some(pending) => pending,
-                    None => return,
+                None => match self.idle(&mut written, &stop).await {
+                    Ok(pending) => pending,
+                    Err(timed_out) => break timed_out,
                 },
             };
             let mut found = Vec::with_capacity(pending.n);
@@ -453,23 +464,36 @@ impl Reader {
         }
     }
 
-    /// Waits for the next pipeline written. `None` when the pool dropped
-    /// the connection, or the server closed it or sent bytes nobody asked
-    /// for while no pipeline was out (the next pipeline opens a new
-    /// connection instead of failing on this one).
-    async fn idle(&mut self, written: &mut mpsc::UnboundedReceiver<Pending>) -> Option<Pending> {
+    /// Waits for the next pipeline's replies to start. It waits on the
+    /// socket alone, and takes the pipeline from `written` when bytes come
+    /// (each is queued before its bytes go): a pipeline written does not
+    /// wake this task, which would cost each pipeline a wake-up of the I/O
+    /// thread. So it cannot see a pipeline's deadline pass while no byte
+    /// comes; that pipeline's caller then wakes it through `stop`, and it
+    /// ends, timed out (`Err(true)`). `Err(false)` when the server closed
+    /// the connection or sent bytes nobody asked for while no pipeline was
+    /// out (the next pipeline opens a new connection instead of failing on
+    /// this one).
+    async fn idle(
+        &mut self,
+        written: &mut mpsc::UnboundedReceiver<Pending>,
+        stop: &Notify,
+    ) -> Result<Pending, bool> {
         loop {
             tokio::select! {
                 biased;
-                pending = written.recv() => return pending,
+                () = stop.notified() => return Err(true),
                 ready = self.stream.readable() => {
                     if ready.is_err() {
-                        return None;
+                        return Err(false);
+                    }
+                    if let Ok(pending) = written.try_recv() {
+                        return Ok(pending);
                     }
                     match self.stream.try_read(&mut [0u8; 1]) {
                         // A spurious wake-up: nothing to read after all.
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        _ => return None,
+                        _ => return Err(false),
                     }
                 }
             }

@@ -39,6 +39,9 @@ enum Answer {
     /// The connection closed, unanswered, at the first EXISTS the server
     /// sees on any connection; `:1` to every other.
     HangUpOnce,
+    /// Silence, the connection kept open, from the first EXISTS the server
+    /// sees on any connection; `:1` to every other on other connections.
+    SilentOnce,
 }
 
 /// What the fake server saw, across its connections.
@@ -138,7 +141,16 @@ async fn serve(mut conn: TcpStream, answer: Answer, port: u16, seen: Arc<Seen>) 
                             format!("-MOVED 0 127.0.0.1:{port}\r\n").as_bytes(),
                         ),
                         Answer::HangUpOnce if first_anywhere => return,
-                        Answer::MovedOnce | Answer::HangUpOnce => out.extend_from_slice(b":1\r\n"),
+                        Answer::SilentOnce if first_anywhere => loop {
+                            // Reads on, answers nothing.
+                            match conn.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(_) => {}
+                            }
+                        },
+                        Answer::MovedOnce | Answer::HangUpOnce | Answer::SilentOnce => {
+                            out.extend_from_slice(b":1\r\n");
+                        }
                         Answer::Honest => out.extend_from_slice(b":1\r\n"),
                         Answer::Overflowing => {
                             out.extend_from_slice(b":99999999999999999999999\r\n");
@@ -344,6 +356,44 @@ async fn a_server_hanging_up_mid_batch_fails_the_pipelines_in_flight_over_to_red
         let after = tier.pipeline_stats();
         assert_eq!(after.lean, stats.lean + 16, "cluster {cluster}: {after:?}");
         assert_eq!(after.fallbacks, stats.fallbacks, "cluster {cluster}");
+        assert_eq!(
+            server.seen.lean_connections.load(Ordering::SeqCst),
+            2,
+            "cluster {cluster}"
+        );
+    }
+}
+
+/// A server that goes silent with pipelines queued on the shared
+/// connection: on a single node the lookup is a typed timeout within its
+/// bound (no fallback to redis-rs, which would wait as long again); on a
+/// cluster the timed-out shard is asked key by key, as any failed shard.
+/// The connection goes with the timeout either way, so the next lookup
+/// opens a new one and is answered on the lean path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_times_the_pipelines_out_and_the_next_lookup_reconnects() {
+    for cluster in [false, true] {
+        let server = FakeRedis::start(Answer::SilentOnce).await;
+        let tier = chunked_tier(&server, true, cluster, 500, 300, 4);
+        let keys = unique_keys(64, 36);
+        let start = Instant::now();
+        let first = tier.exists_many(&keys).await;
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_millis(3 * 800),
+            "cluster {cluster}: {took:?}"
+        );
+        if cluster {
+            assert_eq!(first.unwrap(), [true; 64]);
+        } else {
+            let err = first.unwrap_err();
+            assert!(matches!(err, RedisTierError::Timeout { .. }), "{err:?}");
+        }
+        let stats = tier.pipeline_stats();
+        assert_eq!(stats.fallbacks, 0, "cluster {cluster}: {stats:?}");
+        assert_eq!(tier.exists_many(&keys).await.unwrap(), [true; 64]);
+        let after = tier.pipeline_stats();
+        assert_eq!(after.lean, stats.lean + 16, "cluster {cluster}: {after:?}");
         assert_eq!(
             server.seen.lean_connections.load(Ordering::SeqCst),
             2,
