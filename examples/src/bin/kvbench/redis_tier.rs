@@ -68,8 +68,18 @@ fn w3_one(
     const STEP: usize = 1024;
     const PRELOAD: u64 = 50_000;
     const KEY_LEN: usize = 36;
-    const WIDE_STEPS: usize = 32;
-    const WIDE_CALLS: usize = 64;
+    // The wide row's steps in flight (`KVBENCH_W3_WIDE_STEPS`, default 32;
+    // up to the 96 steps of a round: every step at once), and twice as
+    // many call slots.
+    let wide_steps = match std::env::var("KVBENCH_W3_WIDE_STEPS").ok() {
+        None => 32,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| (1..=96).contains(&n))
+            .ok_or_else(|| format!("KVBENCH_W3_WIDE_STEPS is 1 to 96, not {v:?}"))?,
+    };
+    let wide_calls = 2 * wide_steps;
     let throughput_steps = if cli.quick { 10 } else { 96 }; // 96 × 512 distinct present keys < 50,000
     let ttv_steps = if cli.quick { 20 } else { 200 };
     // The tier's default prefix plus a run id (the run's keys are removed at
@@ -130,12 +140,14 @@ fn w3_one(
     let mut m = manager(&config)?;
     // The time-to-verdict run's own manager: its stats hold that run only.
     let mut ttv_m = manager(&config)?;
-    // The same with wider in-flight limits (32 steps, 64 calls instead of 8
-    // and 32): more pipelines per server at once, which a cluster on 2 cores
-    // needs to keep its servers busy.
+    // The same with wider in-flight limits (by default 32 steps, 64 calls
+    // instead of 8 and 32): more pipelines per server at once, which a
+    // cluster on 2 cores needs to keep its servers busy (a step holds its
+    // place until its slowest master answers, so a master the OS scheduler
+    // favours runs dry once it is that many steps ahead).
     let mut wide = manager(&ManagerConfig {
-        max_steps_in_flight: WIDE_STEPS,
-        max_calls_in_flight: WIDE_CALLS,
+        max_steps_in_flight: wide_steps,
+        max_calls_in_flight: wide_calls,
         ..config
     })?;
     let mut rng = Rng::new(cli.seed);
@@ -209,6 +221,7 @@ fn w3_one(
     // CPU time per key of the servers and of the client, ours (unpinned)
     // and the matched baseline's.
     let mut cpu_ours = CpuTally::default();
+    let mut cpu_wide = CpuTally::default();
     let mut cpu_matched = CpuTally::default();
     for round in 0..rounds {
         let steps: Vec<Step> = (0..throughput_steps)
@@ -221,8 +234,13 @@ fn w3_one(
             repeated_back_to_back(&mut m, &steps, repeats, &server_pids, Some(&mut cpu_ours))?;
         rates.push(keys_per_s);
         verdict_errors += errors;
-        let (keys_per_s, errors) =
-            repeated_back_to_back(&mut wide, &steps, repeats, &server_pids, None)?;
+        let (keys_per_s, errors) = repeated_back_to_back(
+            &mut wide,
+            &steps,
+            repeats,
+            &server_pids,
+            Some(&mut cpu_wide),
+        )?;
         wide_rates.push(keys_per_s);
         verdict_errors += errors;
         raw_client.push(rt.block_on(raw_redis_loop(urls, &tier, &steps))?);
@@ -291,6 +309,7 @@ fn w3_one(
     let matched_ratio = paired_ratio(&rates, &matched);
     let matched_rate = percentile(&matched, 0.5);
     let wide_ratio = paired_ratio(&wide_rates, &baselines);
+    let wide_matched_ratio = paired_ratio(&wide_rates, &matched);
     let wide_rate = percentile(&wide_rates, 0.5);
     let raw_ratio = paired_ratio(&rates, &raw_client);
     let raw_vs_benchmark = paired_ratio(&raw_client, &baselines);
@@ -329,7 +348,7 @@ fn w3_one(
         "params": { "runtime": if shared.is_some() { "shared" } else { "separate" }, "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
                     "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
                     "rounds": rounds, "throughput_repeats_per_round": repeats,
-                    "wide_limits": { "max_steps_in_flight": WIDE_STEPS, "max_calls_in_flight": WIDE_CALLS },
+                    "wide_limits": { "max_steps_in_flight": wide_steps, "max_calls_in_flight": wide_calls },
                     "baseline": "redis-benchmark -P 1000 EXISTS -c 1; on a cluster --cluster -c <masters> (and the literal -c 1, one master)",
                     "masters": urls.len(),
                     "key_layout": tier.key_layout() },
@@ -353,11 +372,12 @@ fn w3_one(
             + ttv_stats.errors + ttv_stats.timeouts,
     });
     line["baseline_matched_keys_per_s"] = json!(matched_rate.round());
-    line["cpu"] = json!({ "ours": cpu_ours.json(), "matched_baseline": cpu_matched.json() });
+    line["cpu"] = json!({ "ours": cpu_ours.json(), "wide_limits": cpu_wide.json(), "matched_baseline": cpu_matched.json() });
     line["params"]["cpu"] = json!(
         "CPU time from /proc/PID/stat over the unpinned runs (the tier's: the timed part, without the verdict check and cleanup after it): the servers' and the client's (this process; redis-benchmark for the baseline) per key, and the cores busy on average"
     );
     line["ratio_vs_matched"] = json!(round3(matched_ratio));
+    line["wide_limits_ratio_vs_matched"] = json!(round3(wide_matched_ratio));
     line["params"]["matched_baseline"] = json!(format!(
         "redis-benchmark EXISTS {} -r {}: names as long as the tier's, half of them present",
         matched_keys.key, matched_keys.keyspace
