@@ -490,10 +490,14 @@ impl Reader {
                     if let Ok(pending) = written.try_recv() {
                         return Ok(pending);
                     }
-                    match self.stream.try_read(&mut [0u8; 1]) {
+                    // Kept, not dropped: a pipeline may have been queued
+                    // since, and these its first replies.
+                    self.read.reserve(READ_CHUNK);
+                    match self.stream.try_read_buf(&mut self.read) {
                         // A spurious wake-up: nothing to read after all.
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        _ => return Err(false),
+                        Ok(0) | Err(_) => return Err(false),
+                        Ok(_) => return written.try_recv().map_err(|_| false),
                     }
                 }
             }

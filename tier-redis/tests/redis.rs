@@ -728,3 +728,41 @@ async fn cancelled_lookups_leave_the_next_ones_their_own_answers() {
         );
     }
 }
+
+/// A lean connection the server closes while it is idle (`CLIENT KILL`, a
+/// server `timeout`) is noticed before the next lookup uses it: that
+/// lookup opens a new one and is answered on the lean path, no fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_lean_connection_the_server_closes_is_replaced_without_a_fallback() {
+    let Some(redis) = support::binary(
+        "redis-server",
+        "an_idle_lean_connection_the_server_closes_is_replaced_without_a_fallback",
+    ) else {
+        return;
+    };
+    let server = PrivateServer::redis(redis);
+    let tier = RedisTier::new(RedisConfig::from_url(server.url())).unwrap();
+    let keys = unique_keys(64, 36);
+    store_every(&tier, &keys, 2).await;
+    let expected: Vec<bool> = (0..keys.len()).map(|i| i % 2 == 0).collect();
+    assert_eq!(tier.exists_many(&keys).await.unwrap(), expected);
+    let admin = redis::Client::open(server.url()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    for round in 0..3 {
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(killed >= 1, "round {round}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            tier.exists_many(&keys).await.unwrap(),
+            expected,
+            "round {round}"
+        );
+    }
+    let stats = tier.pipeline_stats();
+    assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    assert_eq!(stats.lean, 4, "{stats:?}");
+}
