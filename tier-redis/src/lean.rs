@@ -26,7 +26,7 @@
 //! is bounded by the response timeout.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvtier_core::{AbortOnDrop, OffloadKey, Spawner};
@@ -192,10 +192,14 @@ impl std::fmt::Debug for Endpoint {
 ///
 /// An error reply (MOVED during resharding, NOAUTH...) fails its own
 /// pipeline only: the rest of that pipeline's replies are read, and the
-/// connection goes on. Anything else (connection trouble, a silent server,
-/// a protocol violation) fails the pipeline it hit, fails every pipeline
-/// written after it, and drops the connection; the next pipeline opens a
-/// new one.
+/// connection goes on. Anything else (connection trouble, a server silent
+/// past a pipeline's deadline, a protocol violation) fails the pipeline it
+/// hit and every pipeline queued behind it (behind a late reply, as timed
+/// out, even those whose own deadline had not passed), and ends the
+/// connection; the next pipeline opens a new one. A write cut short (an
+/// error, the deadline, a cancelled caller) retires the connection: no
+/// pipeline is written to it any more, those written before are still
+/// answered, and it closes when its reader ends.
 #[derive(Debug)]
 pub(crate) struct LeanPool {
     endpoint: Endpoint,
@@ -210,10 +214,38 @@ struct Mux {
     /// The pipelines written and not yet answered, in the order written.
     /// Closed by the reader when it ends.
     written: mpsc::UnboundedSender<Pending>,
-    /// Tells the reader that a pipeline's deadline passed with no reply.
-    stop: Arc<Notify>,
+    /// What callers tell the reader.
+    signal: Arc<Signal>,
     /// The reader task: aborted when the connection is dropped.
     _reader: AbortOnDrop<()>,
+}
+
+/// What callers tell the reader of their connection.
+#[derive(Debug, Default)]
+struct Signal {
+    /// Woken by a caller whose deadline passed, and when the connection is
+    /// retired. A wake-up may outlive the pipeline it was for: the reader
+    /// checks what is queued rather than trusting it.
+    wake: Notify,
+    /// No pipeline will be written any more: the reader ends once those
+    /// written are answered.
+    retiring: AtomicBool,
+}
+
+impl Mux {
+    /// Takes the connection out of use after a write was cut short: the
+    /// reader answers the pipelines written before (the cut one times out
+    /// at its deadline, unanswered) and ends; the write half stays open
+    /// until then, since closing it could make the server drop replies it
+    /// still owes.
+    fn retire(self, io: &Spawner) {
+        self.signal.retiring.store(true, Ordering::Release);
+        self.signal.wake.notify_one();
+        drop(io.handle().spawn(async move {
+            self.written.closed().await;
+            drop(self);
+        }));
+    }
 }
 
 /// A pipeline written, waiting for its replies.
@@ -225,18 +257,21 @@ struct Pending {
     answer: oneshot::Sender<Result<Vec<bool>, LeanError>>,
 }
 
-/// Drops the connection unless the write it guards finished: a write cut
-/// short (an error, the deadline, the caller gone) leaves part of a
+/// Retires the connection unless the write it guards finished: a write
+/// cut short (an error, the deadline, the caller gone) leaves part of a
 /// command on the wire.
 struct WriteGuard<'a> {
     slot: &'a mut Option<Mux>,
+    io: &'a Spawner,
     finished: bool,
 }
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        if !self.finished {
-            *self.slot = None;
+        if !self.finished
+            && let Some(mux) = self.slot.take()
+        {
+            mux.retire(self.io);
         }
     }
 }
@@ -274,7 +309,7 @@ impl LeanPool {
         };
         encode_end_marker(&mut out, names, first.as_bytes());
         let deadline = Instant::now() + self.endpoint.response_timeout;
-        let (answer, stop) = tokio::time::timeout_at(deadline, self.write(n, &out, deadline))
+        let (answer, signal) = tokio::time::timeout_at(deadline, self.write(n, &out, deadline))
             .await
             .map_err(|_| LeanError::Timeout)??;
         match tokio::time::timeout_at(deadline, answer).await {
@@ -284,8 +319,9 @@ impl LeanPool {
             )),
             Err(_) => {
                 // The reader may be waiting for a first byte that never
-                // comes: it ends, and so does every pipeline behind this one.
-                stop.notify_one();
+                // comes: it reads this pipeline under its passed deadline,
+                // and ends, with every pipeline behind this one.
+                signal.wake.notify_one();
                 Err(LeanError::Timeout)
             }
         }
@@ -293,13 +329,13 @@ impl LeanPool {
 
     /// Writes one pipeline of `n` EXISTS and its end marker on the shared
     /// connection (opened first if there is none, or its reader ended),
-    /// and gives where its replies will come, and how to stop its reader.
+    /// and gives where its replies will come, and how to wake its reader.
     async fn write(
         &self,
         n: usize,
         pipeline: &[u8],
         deadline: Instant,
-    ) -> Result<(oneshot::Receiver<Result<Vec<bool>, LeanError>>, Arc<Notify>), LeanError> {
+    ) -> Result<(oneshot::Receiver<Result<Vec<bool>, LeanError>>, Arc<Signal>), LeanError> {
         let mut slot = self.conn.lock().await;
         if slot.as_ref().is_none_or(|mux| mux.written.is_closed()) {
             // No connection, or its reader ended (an error, or the server
@@ -309,6 +345,7 @@ impl LeanPool {
         }
         let mut guard = WriteGuard {
             slot: &mut slot,
+            io: &self.io,
             finished: false,
         };
         let Some(mux) = guard.slot.as_mut() else {
@@ -324,10 +361,10 @@ impl LeanPool {
                 answer,
             })
             .map_err(|_| LeanError::Closed("before the pipeline was written"))?;
-        let stop = Arc::clone(&mux.stop);
+        let signal = Arc::clone(&mux.signal);
         mux.write.write_all(pipeline).await?;
         guard.finished = true;
-        Ok((replies, stop))
+        Ok((replies, signal))
     }
 
     /// A new connection, opened on the I/O runtime, with its reader there.
@@ -341,12 +378,12 @@ impl LeanPool {
             }
         };
         let (written, pending) = mpsc::unbounded_channel();
-        let stop = Arc::new(Notify::new());
+        let signal = Arc::new(Signal::default());
         Ok(Mux {
             write,
             written,
-            _reader: self.io.spawn(reader.run(pending, Arc::clone(&stop))),
-            stop,
+            _reader: self.io.spawn(reader.run(pending, Arc::clone(&signal))),
+            signal,
         })
     }
 }
@@ -407,12 +444,12 @@ impl Reader {
     /// breaks or the pool drops it. Then every pipeline still waiting
     /// fails: those behind a silent server as timed out, the rest as
     /// closed.
-    async fn run(mut self, mut written: mpsc::UnboundedReceiver<Pending>, stop: Arc<Notify>) {
+    async fn run(mut self, mut written: mpsc::UnboundedReceiver<Pending>, signal: Arc<Signal>) {
         let mut next = None;
         let timed_out = loop {
             let pending = match next.take() {
                 Some(pending) => pending,
-                None => match self.idle(&mut written, &stop).await {
+                None => match self.idle(&mut written, &signal).await {
                     Ok(pending) => pending,
                     Err(timed_out) => break timed_out,
                 },
@@ -469,20 +506,32 @@ impl Reader {
     /// (each is queued before its bytes go): a pipeline written does not
     /// wake this task, which would cost each pipeline a wake-up of the I/O
     /// thread. So it cannot see a pipeline's deadline pass while no byte
-    /// comes; that pipeline's caller then wakes it through `stop`, and it
-    /// ends, timed out (`Err(true)`). `Err(false)` when the server closed
-    /// the connection or sent bytes nobody asked for while no pipeline was
-    /// out (the next pipeline opens a new connection instead of failing on
-    /// this one).
+    /// comes; that pipeline's caller then wakes it through `signal`, and it
+    /// takes that pipeline (the first queued) to read under its passed
+    /// deadline. `Err(false)` when the server closed the connection or
+    /// sent bytes nobody asked for while no pipeline was out (the next
+    /// pipeline opens a new connection instead of failing on this one), and
+    /// when the connection is retired and nothing is left to answer.
     async fn idle(
         &mut self,
         written: &mut mpsc::UnboundedReceiver<Pending>,
-        stop: &Notify,
+        signal: &Signal,
     ) -> Result<Pending, bool> {
         loop {
+            if signal.retiring.load(Ordering::Acquire) {
+                // The last pipelines written, then the end.
+                return written.try_recv().map_err(|_| false);
+            }
             tokio::select! {
                 biased;
-                () = stop.notified() => return Err(true),
+                () = signal.wake.notified() => {
+                    // A deadline passed, or the connection was retired (seen
+                    // above), or a wake-up outlived its pipeline (nothing
+                    // queued: wait on).
+                    if let Ok(pending) = written.try_recv() {
+                        return Ok(pending);
+                    }
+                }
                 ready = self.stream.readable() => {
                     if ready.is_err() {
                         return Err(false);

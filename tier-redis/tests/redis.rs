@@ -766,3 +766,67 @@ async fn an_idle_lean_connection_the_server_closes_is_replaced_without_a_fallbac
     assert_eq!(stats.fallbacks, 0, "{stats:?}");
     assert_eq!(stats.lean, 4, "{stats:?}");
 }
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// A lookup cancelled while its pipeline is being written (a cut write:
+/// the server is stopped, so the socket's buffers fill) takes the
+/// connection out of use without failing the pipeline another lookup wrote
+/// on it before: that one is answered on the lean path once the server
+/// goes on, with no fallback to redis-rs, and the next lookup opens a new
+/// connection. Before, the cut write dropped the connection and with it
+/// the earlier pipeline, which fell back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_write_leaves_the_pipelines_written_before_it_their_answers() {
+    let Some(redis) = support::binary(
+        "redis-server",
+        "a_cut_write_leaves_the_pipelines_written_before_it_their_answers",
+    ) else {
+        return;
+    };
+    let server = PrivateServer::redis(redis);
+    let pid = server.pid().unwrap();
+    let tier = Arc::new(
+        RedisTier::new(RedisConfig {
+            // Pipelines of megabytes: a few fill the socket's buffers.
+            pipeline_chunk: 100_000,
+            response_timeout_ms: 5_000,
+            ..RedisConfig::from_url(server.url())
+        })
+        .unwrap(),
+    );
+    let small = unique_keys(4096, 36);
+    store_every(&tier, &small, 2).await;
+    assert_eq!(tier.exists_many(&small[..1]).await.unwrap(), [true]);
+    let big = unique_keys(400_000, 36);
+    signal(pid, "-STOP");
+    let written_first = {
+        let tier = Arc::clone(&tier);
+        let small = small.clone();
+        tokio::spawn(async move { tier.exists_many(&small).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cut = tokio::time::timeout(Duration::from_millis(300), tier.exists_many(&big)).await;
+    signal(pid, "-CONT");
+    assert!(cut.is_err(), "the big lookup was written whole");
+    let found = written_first.await.unwrap().unwrap();
+    let wrong = found
+        .iter()
+        .enumerate()
+        .filter(|&(i, &f)| f != (i % 2 == 0))
+        .count();
+    assert_eq!(wrong, 0);
+    assert_eq!(tier.pipeline_stats().fallbacks, 0);
+    assert_eq!(
+        tier.exists_many(&small[..4]).await.unwrap(),
+        [true, false, true, false]
+    );
+    assert_eq!(tier.pipeline_stats().fallbacks, 0);
+}

@@ -220,6 +220,11 @@ impl PrivateServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// Its process id, while it runs (for `kill -STOP` / `-CONT`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills it with SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
