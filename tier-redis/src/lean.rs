@@ -197,9 +197,11 @@ impl std::fmt::Debug for Endpoint {
 /// hit and every pipeline queued behind it (behind a late reply, as timed
 /// out, even those whose own deadline had not passed), and ends the
 /// connection; the next pipeline opens a new one. A write cut short (an
-/// error, the deadline, a cancelled caller) retires the connection: no
-/// pipeline is written to it any more, those written before are still
-/// answered, and it closes when its reader ends.
+/// error, the deadline, a cancelled caller) or a caller whose deadline
+/// passed unanswered retires the connection: no pipeline is written to it
+/// any more (the next opens a new one at once), those written before are
+/// still answered or time out at their own deadlines, and it closes when
+/// its reader ends.
 #[derive(Debug)]
 pub(crate) struct LeanPool {
     endpoint: Endpoint,
@@ -223,21 +225,21 @@ struct Mux {
 /// What callers tell the reader of their connection.
 #[derive(Debug, Default)]
 struct Signal {
-    /// Woken by a caller whose deadline passed, and when the connection is
-    /// retired. A wake-up may outlive the pipeline it was for: the reader
-    /// checks what is queued rather than trusting it.
+    /// Woken when the connection is retired.
     wake: Notify,
     /// No pipeline will be written any more: the reader ends once those
-    /// written are answered.
+    /// written are answered or timed out. Set when a write is cut short,
+    /// and by a caller whose deadline passed with no answer (a server
+    /// silent or late; at worst a healthy connection is replaced).
     retiring: AtomicBool,
 }
 
 impl Mux {
-    /// Takes the connection out of use after a write was cut short: the
-    /// reader answers the pipelines written before (the cut one times out
-    /// at its deadline, unanswered) and ends; the write half stays open
-    /// until then, since closing it could make the server drop replies it
-    /// still owes.
+    /// Takes the connection out of use (a write cut short, a caller timed
+    /// out): the reader answers the pipelines written before, or times
+    /// them out at their deadlines (a cut one is never answered), and
+    /// ends; the write half stays open until then, since closing it could
+    /// make the server drop replies it still owes.
     fn retire(self, io: &Spawner) {
         self.signal.retiring.store(true, Ordering::Release);
         self.signal.wake.notify_one();
@@ -318,9 +320,13 @@ impl LeanPool {
                 "before the replies: the connection was dropped",
             )),
             Err(_) => {
-                // The reader may be waiting for a first byte that never
-                // comes: it reads this pipeline under its passed deadline,
-                // and ends, with every pipeline behind this one.
+                // No pipeline is written to this connection any more (the
+                // next one opens a new connection, whether or not the reader
+                // has seen this yet), and the reader, which may be waiting
+                // for a first byte that never comes, reads the first queued
+                // pipeline under its deadline: it ends, timed out, or
+                // answers what was written and then ends.
+                signal.retiring.store(true, Ordering::Release);
                 signal.wake.notify_one();
                 Err(LeanError::Timeout)
             }
@@ -337,10 +343,14 @@ impl LeanPool {
         deadline: Instant,
     ) -> Result<(oneshot::Receiver<Result<Vec<bool>, LeanError>>, Arc<Signal>), LeanError> {
         let mut slot = self.conn.lock().await;
-        if slot.as_ref().is_none_or(|mux| mux.written.is_closed()) {
+        if slot.as_ref().is_none_or(|mux| {
+            mux.written.is_closed() || mux.signal.retiring.load(Ordering::Acquire)
+        }) {
             // No connection, or its reader ended (an error, or the server
-            // closed it while idle): a new one.
-            *slot = None;
+            // closed it while idle), or a caller timed out on it: a new one.
+            if let Some(old) = slot.take() {
+                old.retire(&self.io);
+            }
             *slot = Some(self.connect().await?);
         }
         let mut guard = WriteGuard {
@@ -506,12 +516,13 @@ impl Reader {
     /// (each is queued before its bytes go): a pipeline written does not
     /// wake this task, which would cost each pipeline a wake-up of the I/O
     /// thread. So it cannot see a pipeline's deadline pass while no byte
-    /// comes; that pipeline's caller then wakes it through `signal`, and it
-    /// takes that pipeline (the first queued) to read under its passed
-    /// deadline. `Err(false)` when the server closed the connection or
-    /// sent bytes nobody asked for while no pipeline was out (the next
-    /// pipeline opens a new connection instead of failing on this one), and
-    /// when the connection is retired and nothing is left to answer.
+    /// comes; that pipeline's caller then retires the connection and wakes
+    /// it through `signal`, and once retired it takes each pipeline still
+    /// queued to read under its own deadline (passed, for that caller's).
+    /// `Err(false)` when the server closed the connection or sent bytes
+    /// nobody asked for while no pipeline was out (the next pipeline opens
+    /// a new connection instead of failing on this one), and when the
+    /// connection is retired and nothing is left to answer.
     async fn idle(
         &mut self,
         written: &mut mpsc::UnboundedReceiver<Pending>,
@@ -524,14 +535,8 @@ impl Reader {
             }
             tokio::select! {
                 biased;
-                () = signal.wake.notified() => {
-                    // A deadline passed, or the connection was retired (seen
-                    // above), or a wake-up outlived its pipeline (nothing
-                    // queued: wait on).
-                    if let Ok(pending) = written.try_recv() {
-                        return Ok(pending);
-                    }
-                }
+                // Retired: seen at the top of the loop.
+                () = signal.wake.notified() => {}
                 ready = self.stream.readable() => {
                     if ready.is_err() {
                         return Err(false);
