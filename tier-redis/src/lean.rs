@@ -234,6 +234,14 @@ struct Signal {
     retiring: AtomicBool,
 }
 
+impl Signal {
+    /// Marks the connection retiring, and wakes its reader if it waits.
+    fn retire(&self) {
+        self.retiring.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+}
+
 impl Mux {
     /// Takes the connection out of use (a write cut short, a caller timed
     /// out): the reader answers the pipelines written before, or times
@@ -241,8 +249,7 @@ impl Mux {
     /// ends; the write half stays open until then, since closing it could
     /// make the server drop replies it still owes.
     fn retire(self, io: &Spawner) {
-        self.signal.retiring.store(true, Ordering::Release);
-        self.signal.wake.notify_one();
+        self.signal.retire();
         drop(io.handle().spawn(async move {
             self.written.closed().await;
             drop(self);
@@ -326,8 +333,7 @@ impl LeanPool {
                 // for a first byte that never comes, reads the first queued
                 // pipeline under its deadline: it ends, timed out, or
                 // answers what was written and then ends.
-                signal.retiring.store(true, Ordering::Release);
-                signal.wake.notify_one();
+                signal.retire();
                 Err(LeanError::Timeout)
             }
         }
@@ -451,17 +457,17 @@ struct Reader {
 
 impl Reader {
     /// Answers the pipelines in the order written until the connection
-    /// breaks or the pool drops it. Then every pipeline still waiting
-    /// fails: those behind a silent server as timed out, the rest as
-    /// closed.
+    /// breaks, or is retired and has nothing left to answer, or the pool
+    /// drops it. Then every pipeline still waiting fails: those behind a
+    /// silent server as timed out, the rest as closed.
     async fn run(mut self, mut written: mpsc::UnboundedReceiver<Pending>, signal: Arc<Signal>) {
         let mut next = None;
         let timed_out = loop {
             let pending = match next.take() {
                 Some(pending) => pending,
                 None => match self.idle(&mut written, &signal).await {
-                    Ok(pending) => pending,
-                    Err(timed_out) => break timed_out,
+                    Some(pending) => pending,
+                    None => break false,
                 },
             };
             let mut found = Vec::with_capacity(pending.n);
@@ -519,19 +525,19 @@ impl Reader {
     /// comes; that pipeline's caller then retires the connection and wakes
     /// it through `signal`, and once retired it takes each pipeline still
     /// queued to read under its own deadline (passed, for that caller's).
-    /// `Err(false)` when the server closed the connection or sent bytes
-    /// nobody asked for while no pipeline was out (the next pipeline opens
-    /// a new connection instead of failing on this one), and when the
-    /// connection is retired and nothing is left to answer.
+    /// `None` when the server closed the connection or sent bytes nobody
+    /// asked for while no pipeline was out (the next pipeline opens a new
+    /// connection instead of failing on this one), and when the connection
+    /// is retired and nothing is left to answer.
     async fn idle(
         &mut self,
         written: &mut mpsc::UnboundedReceiver<Pending>,
         signal: &Signal,
-    ) -> Result<Pending, bool> {
+    ) -> Option<Pending> {
         loop {
             if signal.retiring.load(Ordering::Acquire) {
                 // The last pipelines written, then the end.
-                return written.try_recv().map_err(|_| false);
+                return written.try_recv().ok();
             }
             tokio::select! {
                 biased;
@@ -539,10 +545,10 @@ impl Reader {
                 () = signal.wake.notified() => {}
                 ready = self.stream.readable() => {
                     if ready.is_err() {
-                        return Err(false);
+                        return None;
                     }
                     if let Ok(pending) = written.try_recv() {
-                        return Ok(pending);
+                        return Some(pending);
                     }
                     // Kept, not dropped: a pipeline may have been queued
                     // since, and these its first replies.
@@ -550,8 +556,8 @@ impl Reader {
                     match self.stream.try_read_buf(&mut self.read) {
                         // A spurious wake-up: nothing to read after all.
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Ok(0) | Err(_) => return Err(false),
-                        Ok(_) => return written.try_recv().map_err(|_| false),
+                        Ok(0) | Err(_) => return None,
+                        Ok(_) => return written.try_recv().ok(),
                     }
                 }
             }
