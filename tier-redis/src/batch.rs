@@ -32,7 +32,7 @@ use kvtier_core::{BlockOutcome, LengthMismatch, OffloadKey, SharedTierError, Tie
 use redis::{Pipeline, Value};
 
 use crate::error::RedisTierError;
-use crate::route::{Shard, Target};
+use crate::route::{Placed, Shard, Target};
 use crate::tier::RedisTier;
 
 /// The most block bytes one pipeline carries (one block more when a single
@@ -45,8 +45,8 @@ pub(crate) const CHUNK_BYTES: usize = 8 << 20;
 pub(crate) type Reply = Result<Value, SharedTierError>;
 
 /// A chunk of a shard: the first index in the shard of its keys, and the
-/// keys (position in the batch, slot).
-type Chunk = (usize, Vec<(usize, u16)>);
+/// keys.
+type Chunk = (usize, Vec<Placed>);
 
 impl RedisTier {
     /// `SET` of each block, under its name (prefix and layout) and with the
@@ -95,7 +95,7 @@ impl RedisTier {
                 let mut mine: Vec<Option<&mut [u8]>> = shard
                     .keys
                     .iter()
-                    .map(|&(pos, _)| slots.get_mut(pos).and_then(Option::take))
+                    .map(|k| slots.get_mut(k.pos).and_then(Option::take))
                     .collect();
                 move |i: usize, reply: Reply| {
                     let region = mine.get_mut(i).and_then(Option::take);
@@ -211,8 +211,8 @@ impl RedisTier {
             .into_iter()
             .map(|(first, chunk)| async move {
                 let mut pipe = Pipeline::with_capacity(chunk.len());
-                for &(pos, _) in &chunk {
-                    pipe.add_command(command(pos));
+                for k in &chunk {
+                    pipe.add_command(command(k.pos));
                 }
                 let replies = self.pipeline_in_time(op, target, pipe, chunk.len()).await;
                 (first, chunk, replies)
@@ -236,7 +236,7 @@ impl RedisTier {
         while let Some((first, chunk, replies)) = answers.next().await {
             match replies {
                 Ok(values) => {
-                    for (i, (&(pos, _), value)) in chunk.iter().zip(values).enumerate() {
+                    for (i, (&Placed { pos, .. }, value)) in chunk.iter().zip(values).enumerate() {
                         let reply = match value.extract_error() {
                             Ok(value) => Ok(value),
                             Err(e) => {
@@ -256,12 +256,12 @@ impl RedisTier {
                         chunk
                             .iter()
                             .enumerate()
-                            .map(|(i, &(pos, _))| (first + i, pos)),
+                            .map(|(i, &Placed { pos, .. })| (first + i, pos)),
                     );
                 }
                 Err(e) => {
                     let e: SharedTierError = Arc::new(e.into());
-                    for (i, &(pos, _)) in chunk.iter().enumerate() {
+                    for (i, &Placed { pos, .. }) in chunk.iter().enumerate() {
                         answered.push((pos, sink(first + i, Err(Arc::clone(&e)))));
                     }
                 }
@@ -298,17 +298,17 @@ impl RedisTier {
     fn chunks(&self, shard: &Shard, lens: &[usize]) -> Vec<Chunk> {
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut bytes = 0;
-        for (i, &(pos, slot)) in shard.keys.iter().enumerate() {
-            let len = lens.get(pos).copied().unwrap_or(0);
+        for (i, &key) in shard.keys.iter().enumerate() {
+            let len = lens.get(key.pos).copied().unwrap_or(0);
             match chunks.last_mut() {
                 Some((_, chunk))
                     if chunk.len() < self.config.pipeline_chunk && bytes + len <= CHUNK_BYTES =>
                 {
-                    chunk.push((pos, slot));
+                    chunk.push(key);
                     bytes += len;
                 }
                 _ => {
-                    chunks.push((i, vec![(pos, slot)]));
+                    chunks.push((i, vec![key]));
                     bytes = len;
                 }
             }

@@ -20,7 +20,7 @@ use tokio::sync::OnceCell;
 use crate::io::Io;
 use crate::lean::{self, LeanPool};
 use crate::names::Names;
-use crate::route::{ConnError, Shard, Target};
+use crate::route::{ConnError, Placed, Shard, Target};
 use crate::slot::SLOTS;
 
 /// A Redis Cluster: its client, one connection (made on the tier's I/O
@@ -110,10 +110,16 @@ impl Cluster {
         keys: &[&OffloadKey],
     ) -> Result<Vec<Shard>, ConnError> {
         let map = self.slot_map(io).await?;
-        let mut groups: Vec<Vec<(usize, u16)>> = vec![Vec::new(); map.masters.len() + 1];
+        // Room for a master's share and then some (keys spread evenly), so
+        // that no group grows by copies; none for slots without an owner.
+        let share = keys.len() / map.masters.len().max(1);
+        let mut groups: Vec<Vec<Placed>> = (0..map.masters.len())
+            .map(|_| Vec::with_capacity(share + share / 4 + 16))
+            .chain([Vec::new()])
+            .collect();
         for (pos, key) in keys.iter().enumerate() {
-            let slot = self.names.slot(key.as_bytes());
-            groups[map.owner(slot).unwrap_or(map.masters.len())].push((pos, slot));
+            let (slot, tag) = self.names.slot_and_tag(key.as_bytes());
+            groups[map.owner(slot).unwrap_or(map.masters.len())].push(Placed { pos, slot, tag });
         }
         Ok(groups
             .into_iter()
@@ -121,7 +127,7 @@ impl Cluster {
             .filter(|(_, keys)| !keys.is_empty())
             .map(|(master, keys)| Shard {
                 target: Target {
-                    route: Some(keys[0].1),
+                    route: Some(keys[0].slot),
                     lean: map.masters.get(master).and_then(|m| m.lean.clone()),
                 },
                 keys,

@@ -21,7 +21,7 @@ use tokio::sync::OnceCell;
 use crate::cluster::Cluster;
 use crate::io::Io;
 use crate::lean::LeanPool;
-use crate::route::{ConnError, Shard, Target};
+use crate::route::{ConnError, Placed, Shard, Target};
 
 /// A single server or a Redis Cluster, behind one set of operations.
 pub(crate) struct Connection {
@@ -98,7 +98,7 @@ impl Connection {
     pub(crate) async fn shards(&self, keys: &[&OffloadKey]) -> Result<Vec<Shard>, ConnError> {
         match &self.backend {
             Backend::Single(single) => Ok(vec![Shard {
-                keys: (0..keys.len()).map(|pos| (pos, 0)).collect(),
+                keys: (0..keys.len()).map(Placed::single).collect(),
                 target: Target {
                     lean: single.lean.clone(),
                     route: None,

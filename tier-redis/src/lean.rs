@@ -294,7 +294,9 @@ impl LeanPool {
         }
     }
 
-    /// Whether each key's name (see `names`) exists, in order.
+    /// Whether each key's name (see `names`) exists, in order; each key
+    /// comes with its tag's CRC if placing it computed one
+    /// ([`Names::slot_and_tag`]).
     ///
     /// The pipeline ends with an end marker, `TYPE <first name>` (same
     /// slot, same ACL category as EXISTS), whose simple-string reply must
@@ -303,15 +305,15 @@ impl LeanPool {
     pub(crate) async fn exists<'a>(
         &self,
         names: &Names,
-        keys: impl ExactSizeIterator<Item = &'a OffloadKey>,
+        keys: impl ExactSizeIterator<Item = (&'a OffloadKey, Option<u16>)>,
     ) -> Result<Vec<bool>, LeanError> {
         let n = keys.len();
         let mut out = Vec::with_capacity((n + 1) * names.len(64));
         let mut first = None;
         let mut encoder = ExistsEncoder::new(names);
-        for key in keys {
+        for (key, tag) in keys {
             first.get_or_insert(key);
-            encoder.encode(&mut out, key.as_bytes());
+            encoder.encode(&mut out, key.as_bytes(), tag);
         }
         let Some(first) = first else {
             return Ok(Vec::new());
@@ -707,14 +709,15 @@ impl<'n> ExistsEncoder<'n> {
         }
     }
 
-    /// Appends `EXISTS <name of key>`.
+    /// Appends `EXISTS <name of key>`; `tag` is the CRC of its tag if
+    /// known (see [`Names::write_unprefixed_with`]).
     #[inline]
-    fn encode(&mut self, out: &mut Vec<u8>, key: &[u8]) {
+    fn encode(&mut self, out: &mut Vec<u8>, key: &[u8], tag: Option<u16>) {
         if key.len() != self.key_len {
             self.start_length(key.len());
         }
         out.extend_from_slice(&self.head);
-        self.names.write_unprefixed(out, key);
+        self.names.write_unprefixed_with(out, key, tag);
         out.extend_from_slice(b"\r\n");
     }
 
@@ -820,8 +823,11 @@ mod tests {
         encode(&mut out, &[b"EXISTS", b"p:\x00\r\n"]);
         assert_eq!(out, b"*2\r\n$6\r\nEXISTS\r\n$5\r\np:\x00\r\n\r\n");
         let mut same = Vec::new();
-        ExistsEncoder::new(&Names::new(b"p:", crate::KeyLayout::Plain))
-            .encode(&mut same, b"\x00\r\n");
+        ExistsEncoder::new(&Names::new(b"p:", crate::KeyLayout::Plain)).encode(
+            &mut same,
+            b"\x00\r\n",
+            None,
+        );
         assert_eq!(same, out);
         let mut n = Vec::new();
         push_decimal(&mut n, 0);
@@ -904,7 +910,7 @@ mod tests {
             let mut encoder = ExistsEncoder::new(&names);
             for key in &keys {
                 encode(&mut expected, &[b"EXISTS", &names.name(key)]);
-                encoder.encode(&mut got, key);
+                encoder.encode(&mut got, key, names.slot_and_tag(key).1);
             }
             proptest::prop_assert_eq!(got, expected);
         }

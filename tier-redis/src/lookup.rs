@@ -44,14 +44,16 @@ impl RedisTier {
                 "EXISTS pipeline",
                 keys,
                 |target, chunk| async move {
-                    let chunk_keys = chunk.iter().map(|&(pos, _)| keys[pos]);
                     if let Some(found) = self
-                        .try_lean(target.lean.as_deref(), chunk_keys.clone())
+                        .try_lean(
+                            target.lean.as_deref(),
+                            chunk.iter().map(|k| (keys[k.pos], k.tag)),
+                        )
                         .await?
                     {
                         return Ok(found);
                     }
-                    let pipe = self.exists_pipeline(chunk_keys);
+                    let pipe = self.exists_pipeline(chunk.iter().map(|k| keys[k.pos]));
                     let values = self
                         .conn
                         .pipeline(&target, pipe, chunk.len() + 1)
@@ -84,7 +86,7 @@ impl RedisTier {
     async fn try_lean<'a>(
         &self,
         pool: Option<&LeanPool>,
-        keys: impl ExactSizeIterator<Item = &'a OffloadKey>,
+        keys: impl ExactSizeIterator<Item = (&'a OffloadKey, Option<u16>)>,
     ) -> Result<Option<Vec<bool>>> {
         let Some(pool) = pool else {
             return Ok(None);

@@ -13,7 +13,7 @@ use redis::{Pipeline, Value};
 
 use crate::error::{RedisTierError, Result};
 use crate::reply;
-use crate::route::{ConnError, Target};
+use crate::route::{ConnError, Placed, Target};
 use crate::tier::RedisTier;
 
 impl RedisTier {
@@ -45,7 +45,7 @@ impl RedisTier {
     ) -> Result<Vec<T>>
     where
         T: Send,
-        C: Fn(Target, Vec<(usize, u16)>) -> CF + Sync,
+        C: Fn(Target, Vec<Placed>) -> CF + Sync,
         CF: Future<Output = Result<Vec<T>>> + Send,
         O: Fn(usize) -> OF + Sync,
         OF: Future<Output = Result<T>> + Send,
@@ -87,7 +87,7 @@ impl RedisTier {
             }
             tracing::debug!(endpoint = %self.endpoint, error = %first_error, keys = shard.keys.len(), op, "cluster pipeline failed; asking key by key");
             self.conn.forget_routes();
-            let singles: Vec<_> = shard.keys.iter().map(|&(pos, _)| one(pos)).collect();
+            let singles: Vec<_> = shard.keys.iter().map(|k| one(k.pos)).collect();
             let mut answers =
                 futures_util::stream::iter(singles).buffered(self.config.pipeline_chunk);
             let mut found = Vec::with_capacity(shard.keys.len());
@@ -107,8 +107,8 @@ impl RedisTier {
                     &format!("{} answers for {} keys", answer.len(), shard.keys.len()),
                 ));
             }
-            for (&(pos, _), value) in shard.keys.iter().zip(answer) {
-                if let Some(slot) = ordered.get_mut(pos) {
+            for (k, value) in shard.keys.iter().zip(answer) {
+                if let Some(slot) = ordered.get_mut(k.pos) {
                     *slot = Some(value);
                 }
             }
@@ -125,12 +125,12 @@ impl RedisTier {
         &self,
         op: &'static str,
         target: &Target,
-        chunk: &[(usize, u16)],
+        chunk: &[Placed],
         mut command: impl FnMut(&mut Pipeline, usize),
     ) -> Result<Vec<Value>> {
         let mut pipe = Pipeline::with_capacity(chunk.len());
-        for &(pos, _) in chunk {
-            command(&mut pipe, pos);
+        for k in chunk {
+            command(&mut pipe, k.pos);
         }
         let values = self
             .conn

@@ -25,11 +25,33 @@ impl From<RedisError> for ConnError {
 /// The keys of one batch that one server holds.
 #[derive(Debug)]
 pub(crate) struct Shard {
-    /// Positions of the keys in the batch, with their slots (0 on a single
-    /// server).
-    pub(crate) keys: Vec<(usize, u16)>,
+    /// The keys, in batch order.
+    pub(crate) keys: Vec<Placed>,
     /// Where they go.
     pub(crate) target: Target,
+}
+
+/// A key of a batch, placed on a server.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    /// Its position in the batch.
+    pub(crate) pos: usize,
+    /// Its slot (0 on a single server).
+    pub(crate) slot: u16,
+    /// On a cluster, the CRC its name's tag is made of, if the layout
+    /// tags names (see [`Names::slot_and_tag`](crate::names::Names::slot_and_tag)).
+    pub(crate) tag: Option<u16>,
+}
+
+impl Placed {
+    /// At `pos` on a single server: slot 0, no tag computed.
+    pub(crate) fn single(pos: usize) -> Self {
+        Self {
+            pos,
+            slot: 0,
+            tag: None,
+        }
+    }
 }
 
 /// The server of a [`Shard`]: where its pipelines go.

@@ -6,6 +6,7 @@ use redis::{Pipeline, Value};
 
 use crate::error::Result;
 use crate::reply;
+use crate::route::Placed;
 use crate::tier::RedisTier;
 
 impl RedisTier {
@@ -122,7 +123,7 @@ impl BlockStore for RedisTier {
                         }
                         // A single server: one MGET per chunk.
                         let mut mget = redis::cmd("MGET");
-                        for &(pos, _) in &chunk {
+                        for &Placed { pos, .. } in &chunk {
                             mget.arg(self.full_key(keys[pos]));
                         }
                         let mut pipe = Pipeline::with_capacity(1);
