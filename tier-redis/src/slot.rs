@@ -97,10 +97,22 @@ fn crc16_update(mut crc: u16, bytes: &[u8]) -> u16 {
             ^ t[1][usize::from(c[6])]
             ^ t[0][usize::from(c[7])];
     }
-    for &b in chunks.remainder() {
-        crc = (crc << 8) ^ t[0][usize::from((crc >> 8) as u8 ^ b)];
+    // The last 2 to 7 bytes the same way (a 36-byte key ends with 4):
+    // independent loads, not a chain of dependent ones.
+    match chunks.remainder() {
+        [] => crc,
+        &[b] => (crc << 8) ^ t[0][usize::from((crc >> 8) as u8 ^ b)],
+        rest => {
+            let [hi, lo] = crc.to_be_bytes();
+            let last = rest.len() - 1;
+            let mut crc =
+                t[last][usize::from(rest[0] ^ hi)] ^ t[last - 1][usize::from(rest[1] ^ lo)];
+            for (i, &b) in rest.iter().enumerate().skip(2) {
+                crc ^= t[last - i][usize::from(b)];
+            }
+            crc
+        }
     }
-    crc
 }
 
 /// The part of `key` that is hashed: the content of the first `{...}` if it
