@@ -11,12 +11,17 @@
 //!
 //! The instructions of the client per key are the difference of the two
 //! totals over the difference of keys looked up (`(I(150) - I(50)) /
-//! (100 × 1,024)`): the set-up (connections, the stored keys) cancels out.
-//! Batches of 1,024 keys of 36 bytes (half present), eight at a time, go
-//! through `RedisTier::exists_many` on the cluster of
+//! (100 × 1,024)`): the set-up (connections, the keys made and stored)
+//! is the same whatever the batches and cancels out; what is left is the
+//! tier's work plus a clone of each key into its batch. Batches of 1,024
+//! keys of 36 bytes (half present, taken in turn from two pools of 20,000),
+//! eight at a time, go through `RedisTier::exists_many` on the cluster of
 //! `KVTIER_REDIS_CLUSTER_URLS`, or on `KVTIER_REDIS_URL` without it. The
-//! stored keys are removed at the end. Prints the rate, and the process's
-//! CPU time per key (the client's; the servers are other processes).
+//! stored keys are removed at the end (and expire after ten minutes if a
+//! run stops early). Prints the rate, and the process's CPU time per key
+//! (the client's; the servers are other processes). Counts from one pair
+//! of runs move a little with timing (how many reads a reply takes): for
+//! an A/B, run each side more than once.
 
 use std::time::Instant;
 
@@ -55,12 +60,10 @@ fn process_cpu_s() -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `cargo bench` runs every bench target with `--bench`; nothing to do
     // without a server.
-    let config = match (
-        std::env::var("KVTIER_REDIS_CLUSTER_URLS"),
-        std::env::var("KVTIER_REDIS_URL"),
-    ) {
-        (Ok(urls), _) => RedisConfig::cluster(urls.split(',')),
-        (_, Ok(url)) => RedisConfig::from_url(url),
+    let set = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+    let config = match (set("KVTIER_REDIS_CLUSTER_URLS"), set("KVTIER_REDIS_URL")) {
+        (Some(urls), _) => RedisConfig::cluster(urls.split(',')),
+        (_, Some(url)) => RedisConfig::from_url(url),
         _ => {
             eprintln!(
                 "exists_fixed: set KVTIER_REDIS_CLUSTER_URLS or KVTIER_REDIS_URL (source .services/env)"
@@ -68,37 +71,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Ok(());
         }
     };
-    let batches: usize = std::env::var("KVTIER_BENCH_BATCHES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let batches: usize = match set("KVTIER_BENCH_BATCHES") {
+        None => 200,
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("KVTIER_BENCH_BATCHES is a positive count, not {v:?}"))?,
+    };
     let tier = RedisTier::new(RedisConfig {
         key_prefix: format!("kvtier-exists-fixed:{}:", std::process::id()),
         // Room for callgrind's slowdown.
         response_timeout_ms: 60_000,
+        // Gone by themselves if a run stops before removing them.
+        ttl_ms: Some(600_000),
         ..config
     })?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
-    // Present: ids 0..STORED (the same set-up whatever the batches, so
-    // that it cancels out); absent: ids from 1 << 40.
-    const STORED: u64 = 20_000;
-    let blocks: Vec<(OffloadKey, Vec<u8>)> = (0..STORED).map(|i| (key(i), b"x".to_vec())).collect();
+    // Present: ids 0..POOL, stored; absent: ids from 1 << 40. The same
+    // set-up whatever the batches, so that it cancels out.
+    const POOL: usize = 20_000;
+    let blocks: Vec<(OffloadKey, Vec<u8>)> =
+        (0..POOL as u64).map(|i| (key(i), b"x".to_vec())).collect();
+    let absent: Vec<OffloadKey> = (0..POOL as u64).map(|i| key((1 << 40) + i)).collect();
     for part in blocks.chunks(2_000) {
         rt.block_on(tier.store_many(part))?;
     }
     let lookups: Vec<Vec<OffloadKey>> = (0..batches)
         .map(|b| {
-            (0..BATCH as u64)
+            (0..BATCH)
                 .map(|j| {
-                    let n = (b * BATCH) as u64 + j;
-                    if j % 2 == 0 {
-                        key(n / 2 % STORED)
-                    } else {
-                        key((1 << 40) + n)
-                    }
+                    let i = (b * BATCH + j) / 2 % POOL;
+                    if j % 2 == 0 { &blocks[i].0 } else { &absent[i] }.clone()
                 })
                 .collect()
         })
