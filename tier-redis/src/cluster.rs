@@ -101,20 +101,22 @@ impl Cluster {
         conn.route_pipeline(pipe, 0, replies, route).await
     }
 
-    /// Positions of `keys`, with their slots, one shard per master; keys of
-    /// slots without a known owner make a last shard, routed by its first
-    /// key's slot.
+    /// Positions of `keys`, with their slots (and tags' CRCs, see
+    /// [`Placed`]), one shard per master; keys of slots without a known
+    /// owner make a last shard, routed by its first key's slot.
     pub(crate) async fn shards(
         &self,
         io: &Io,
         keys: &[&OffloadKey],
     ) -> Result<Vec<Shard>, ConnError> {
         let map = self.slot_map(io).await?;
-        // Room for a master's share and then some (keys spread evenly), so
-        // that no group grows by copies; none for slots without an owner.
+        // Room for a master's share and then some, so that with masters
+        // owning equal ranges (keys spread evenly) no group grows by copies;
+        // never more than the batch, none for slots without an owner.
         let share = keys.len() / map.masters.len().max(1);
+        let room = (share + share / 4 + 16).min(keys.len());
         let mut groups: Vec<Vec<Placed>> = (0..map.masters.len())
-            .map(|_| Vec::with_capacity(share + share / 4 + 16))
+            .map(|_| Vec::with_capacity(room))
             .chain([Vec::new()])
             .collect();
         for (pos, key) in keys.iter().enumerate() {

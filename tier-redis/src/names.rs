@@ -111,8 +111,10 @@ impl Names {
         self.slot_and_tag(key).0
     }
 
-    /// The cluster slot of `key`'s name, and on the tagged layout the CRC
-    /// its tag is made of, for [`write_unprefixed_with`](Self::write_unprefixed_with):
+    /// The cluster slot of `key`'s name, and on the tagged layout (with a
+    /// prefix without `{`; else `None`) the CRC its tag is made of, for
+    /// [`write_unprefixed_with`](Self::write_unprefixed_with), which must
+    /// get it with the same key:
     /// a cluster lookup places each key, then writes its name, and the
     /// key's CRC, computed for both, was a quarter of the lookup worker's
     /// time (perf, `kvbench redis` on a 3-master cluster).

@@ -38,8 +38,10 @@ pub(crate) struct Placed {
     pub(crate) pos: usize,
     /// Its slot (0 on a single server).
     pub(crate) slot: u16,
-    /// On a cluster, the CRC its name's tag is made of, if the layout
-    /// tags names (see [`Names::slot_and_tag`](crate::names::Names::slot_and_tag)).
+    /// On a cluster, the CRC its name's tag is made of, when placing it
+    /// computed one (the tagged layout, a prefix without `{`; see
+    /// [`Names::slot_and_tag`](crate::names::Names::slot_and_tag)); `None`
+    /// otherwise, and the name's writer computes what it needs.
     pub(crate) tag: Option<u16>,
 }
 
