@@ -192,11 +192,12 @@ impl std::fmt::Debug for Endpoint {
 ///
 /// An error reply (MOVED during resharding, NOAUTH...) fails its own
 /// pipeline only: the rest of that pipeline's replies are read, and the
-/// connection goes on. Anything else (connection trouble, a server silent
-/// past a pipeline's deadline, a protocol violation) fails the pipeline it
-/// hit and every pipeline queued behind it (behind a late reply, as timed
-/// out, even those whose own deadline had not passed), and ends the
-/// connection; the next pipeline opens a new one. A write cut short (an
+/// connection goes on. A pipeline whose deadline passes unanswered times
+/// out alone: the replies still owed to it are read under the next
+/// pipeline's deadline, which they may meet. Anything else (connection
+/// trouble, a server silent past the last queued pipeline's deadline, a
+/// protocol violation) fails the pipeline it hit and every pipeline queued
+/// behind it, and ends the connection; the next pipeline opens a new one. A write cut short (an
 /// error, the deadline, a cancelled caller) or a caller whose deadline
 /// passed unanswered retires the connection: no pipeline is written to it
 /// any more (the next opens a new one at once), those written before are
@@ -472,15 +473,9 @@ impl Reader {
                     None => break false,
                 },
             };
-            let mut found = Vec::with_capacity(pending.n);
-            let read = tokio::time::timeout_at(
-                pending.deadline,
-                self.read_pipeline(pending.n, &mut found, pending.deadline),
-            )
-            .await
-            .unwrap_or(Err(LeanError::Timeout));
+            let (pending, read) = self.read_answer(pending, &mut written).await;
             let answer = match read {
-                Ok(refused) => {
+                Ok((found, refused)) => {
                     let extra = self.at != self.read.len();
                     if extra {
                         // The next pipeline's replies, if one was written
@@ -516,6 +511,55 @@ impl Reader {
             } else {
                 LeanError::Closed("after an earlier pipeline on it failed")
             }));
+        }
+    }
+
+    /// Reads the replies of `pending`'s pipeline: its answers and the first
+    /// error reply among them. A pipeline whose deadline passes first is
+    /// answered as timed out, and if another was written after it, the
+    /// rest of its replies are read (and dropped) under that one's
+    /// deadline, which is no sooner, and then that one's own: a server
+    /// late for one pipeline may answer the next in time, and the
+    /// connection stays in step. Gives the pipeline whose replies were
+    /// read, or whose deadline passed with no other queued.
+    async fn read_answer(
+        &mut self,
+        pending: Pending,
+        written: &mut mpsc::UnboundedReceiver<Pending>,
+    ) -> (Pending, Result<(Vec<bool>, Option<String>), LeanError>) {
+        // The pipeline whose replies are read, and the one waiting for
+        // them: the same unless the first was late.
+        let (mut n, mut found) = (pending.n, Vec::with_capacity(pending.n));
+        let mut owner = pending;
+        let mut late = false;
+        loop {
+            let read = tokio::time::timeout_at(
+                owner.deadline,
+                self.read_pipeline(n, &mut found, owner.deadline),
+            )
+            .await
+            .unwrap_or(Err(LeanError::Timeout));
+            match read {
+                Err(LeanError::Timeout) => {
+                    let Ok(next) = written.try_recv() else {
+                        return (owner, read.map(|refused| (found, refused)));
+                    };
+                    // `read_pipeline` resumes where it stopped: what it
+                    // parsed is in `found` and `self.at`, and a read cut
+                    // short loses no byte.
+                    let _ = std::mem::replace(&mut owner, next)
+                        .answer
+                        .send(Err(LeanError::Timeout));
+                    late = true;
+                }
+                // The late pipeline's last reply: now the owner's own.
+                Ok(_) if late => {
+                    late = false;
+                    n = owner.n;
+                    found = Vec::with_capacity(n);
+                }
+                read => return (owner, read.map(|refused| (found, refused))),
+            }
         }
     }
 

@@ -42,7 +42,13 @@ enum Answer {
     /// Silence, the connection kept open, from the first EXISTS the server
     /// sees on any connection; `:1` to every other on other connections.
     SilentOnce,
+    /// [`LATE`] of silence at the first EXISTS the server sees on any
+    /// connection, then `:1` to it and to every other.
+    LateOnce,
 }
+
+/// How late [`Answer::LateOnce`] answers.
+const LATE: Duration = Duration::from_millis(1000);
 
 /// What the fake server saw, across its connections.
 #[derive(Default)]
@@ -148,7 +154,14 @@ async fn serve(mut conn: TcpStream, answer: Answer, port: u16, seen: Arc<Seen>) 
                                 Ok(_) => {}
                             }
                         },
-                        Answer::MovedOnce | Answer::HangUpOnce | Answer::SilentOnce => {
+                        Answer::LateOnce if first_anywhere => {
+                            tokio::time::sleep(LATE).await;
+                            out.extend_from_slice(b":1\r\n");
+                        }
+                        Answer::MovedOnce
+                        | Answer::HangUpOnce
+                        | Answer::SilentOnce
+                        | Answer::LateOnce => {
                             out.extend_from_slice(b":1\r\n");
                         }
                         Answer::Honest => out.extend_from_slice(b":1\r\n"),
@@ -400,4 +413,35 @@ async fn a_silent_server_times_the_pipelines_out_and_the_next_lookup_reconnects(
             "cluster {cluster}"
         );
     }
+}
+
+/// A server late for one pipeline (its replies come after its deadline)
+/// times that pipeline out alone: a pipeline written after it on the same
+/// connection, whose deadline the late replies still meet, is answered on
+/// the lean path. Before, the reader ended the connection at the first
+/// deadline and failed every pipeline queued behind it as timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_late_for_one_pipeline_still_answers_the_next_in_time() {
+    let server = FakeRedis::start(Answer::LateOnce).await;
+    // One pipeline per lookup. The first is written at 0 ms (deadline
+    // 700 ms) and answered at LATE (1,000 ms); the second is written at
+    // 500 ms (deadline 1,200 ms) behind it and answered right after.
+    let tier = Arc::new(chunked_tier(&server, true, false, 500, 700, 64));
+    let (first_keys, second_keys) = (unique_keys(64, 36), unique_keys(64, 36));
+    let first = tokio::spawn({
+        let tier = Arc::clone(&tier);
+        async move { tier.exists_many(&first_keys).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = tier.exists_many(&second_keys).await;
+    let first = first.await.unwrap();
+    assert!(
+        matches!(first, Err(RedisTierError::Timeout { .. })),
+        "{first:?}"
+    );
+    assert_eq!(second.unwrap(), [true; 64]);
+    let stats = tier.pipeline_stats();
+    assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    assert_eq!(stats.lean, 1, "{stats:?}");
+    assert_eq!(server.seen.lean_connections.load(Ordering::SeqCst), 1);
 }
