@@ -124,7 +124,12 @@ def _store_reset_and_lose(d: Deployment, keys: list[bytes], lost: list[bytes]):
         if all(v is LookupResult.HIT_PENDING for v in verdicts):
             break
         assert time.monotonic() - start < GUARD, seen_first
-        d.step()
+        # A result drained partway through a pass (the lookup of a later key
+        # drains it) leaves the earlier keys for the next pass, which needs
+        # no step; a step now would submit the promotion of the keys already
+        # answered before the test removes any (seen once in CI on S3).
+        if not any(v is LookupResult.HIT_PENDING for v in verdicts):
+            d.step()
         time.sleep(0.001)
     assert not d.loads, "the promotion was submitted before the end of the step"
     remove_behind_its_back(d.tier, lost)
