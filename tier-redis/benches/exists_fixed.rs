@@ -25,26 +25,13 @@
 
 use std::time::Instant;
 
+use kvtier_core::testkit::unique_keys;
 use kvtier_core::{BlockStore, OffloadKey};
 use kvtier_redis::{RedisConfig, RedisTier};
 
 const BATCH: usize = 1024;
 const IN_FLIGHT: usize = 8;
 const KEY_LEN: usize = 36;
-
-fn key(id: u64) -> OffloadKey {
-    let mut bytes = [0u8; KEY_LEN];
-    bytes[..8].copy_from_slice(&id.to_be_bytes());
-    // Spread the rest, as a content hash would be.
-    let mut x = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for b in &mut bytes[8..] {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    OffloadKey::new(&bytes)
-}
 
 /// This process's CPU time in seconds (every thread).
 fn process_cpu_s() -> f64 {
@@ -91,12 +78,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    // Present: ids 0..POOL, stored; absent: ids from 1 << 40. The same
-    // set-up whatever the batches, so that it cancels out.
+    // Keys new to the server, half of them stored. The same set-up
+    // whatever the batches, so that it cancels out.
     const POOL: usize = 20_000;
-    let blocks: Vec<(OffloadKey, Vec<u8>)> =
-        (0..POOL as u64).map(|i| (key(i), b"x".to_vec())).collect();
-    let absent: Vec<OffloadKey> = (0..POOL as u64).map(|i| key((1 << 40) + i)).collect();
+    let blocks: Vec<(OffloadKey, Vec<u8>)> = unique_keys(POOL, KEY_LEN)
+        .into_iter()
+        .map(|k| (k, b"x".to_vec()))
+        .collect();
+    let absent = unique_keys(POOL, KEY_LEN);
     for part in blocks.chunks(2_000) {
         rt.block_on(tier.store_many(part))?;
     }
