@@ -197,12 +197,12 @@ impl std::fmt::Debug for Endpoint {
 /// pipeline's deadline, which they may meet. Anything else (connection
 /// trouble, a server silent past the last queued pipeline's deadline, a
 /// protocol violation) fails the pipeline it hit and every pipeline queued
-/// behind it, and ends the connection; the next pipeline opens a new one. A write cut short (an
-/// error, the deadline, a cancelled caller) or a caller whose deadline
-/// passed unanswered retires the connection: no pipeline is written to it
-/// any more (the next opens a new one at once), those written before are
-/// still answered or time out at their own deadlines, and it closes when
-/// its reader ends.
+/// behind it, and ends the connection; the next pipeline opens a new one.
+/// A write cut short (an error, the deadline, a cancelled caller) or a
+/// caller whose deadline passed unanswered retires the connection: no
+/// pipeline is written to it any more (the next opens a new one at once),
+/// those written before are still answered or time out at their own
+/// deadlines, and it closes when its reader ends.
 #[derive(Debug)]
 pub(crate) struct LeanPool {
     endpoint: Endpoint,
@@ -541,25 +541,27 @@ impl Reader {
             .unwrap_or(Err(LeanError::Timeout));
             match read {
                 Err(LeanError::Timeout) => {
-                    let Ok(next) = written.try_recv() else {
-                        return (owner, read.map(|refused| (found, refused)));
-                    };
-                    // `read_pipeline` resumes where it stopped: what it
-                    // parsed is in `found` and `self.at`, and a read cut
-                    // short loses no byte.
-                    let _ = std::mem::replace(&mut owner, next)
-                        .answer
-                        .send(Err(LeanError::Timeout));
-                    late = true;
+                    if let Ok(next) = written.try_recv() {
+                        // `read_pipeline` resumes where it stopped: what it
+                        // parsed is in `found` and `self.at`, and a read
+                        // cut short loses no byte.
+                        let _ = std::mem::replace(&mut owner, next)
+                            .answer
+                            .send(Err(LeanError::Timeout));
+                        late = true;
+                        continue;
+                    }
                 }
                 // The late pipeline's last reply: now the owner's own.
                 Ok(_) if late => {
                     late = false;
                     n = owner.n;
                     found = Vec::with_capacity(n);
+                    continue;
                 }
-                read => return (owner, read.map(|refused| (found, refused))),
+                _ => {}
             }
+            return (owner, read.map(|refused| (found, refused)));
         }
     }
 
