@@ -372,6 +372,16 @@ fn w3_one(
             + ttv_stats.errors + ttv_stats.timeouts,
     });
     line["baseline_matched_keys_per_s"] = json!(matched_rate.round());
+    // Each round's rates, in round order: the ratios above are medians of
+    // per-round pairs, and how far the rounds spread is part of the reading.
+    let rounded = |rates: &[f64]| rates.iter().map(|r| r.round()).collect::<Vec<_>>();
+    line["per_round_keys_per_s"] = json!({
+        "ours": rounded(&rates),
+        "wide_limits": rounded(&wide_rates),
+        "matched_baseline": rounded(&matched),
+        "pinned": rounded(&pinned_rates),
+        "pinned_matched_baseline": rounded(&pinned_matched),
+    });
     line["cpu"] = json!({ "ours": cpu_ours.json(), "wide_limits": cpu_wide.json(), "matched_baseline": cpu_matched.json() });
     line["params"]["cpu"] = json!(
         "CPU time from /proc/PID/stat over the unpinned runs (the tier's: the timed part, without the verdict check and cleanup after it): the servers' and the client's (this process; redis-benchmark for the baseline) per key, and the cores busy on average"
@@ -388,7 +398,6 @@ fn w3_one(
         line["pinned_ratio"] = json!(round3(paired_ratio(&pinned_rates, &pinned_baselines)));
         line["pinned_ratio_vs_matched"] =
             json!(round3(paired_ratio(&pinned_rates, &pinned_matched)));
-        // After the paired ratios: `percentile` sorts.
         line["pinned_keys_per_s"] = json!(percentile(&pinned_rates, 0.5).round());
         line["pinned_baseline_keys_per_s"] = json!(percentile(&pinned_baselines, 0.5).round());
         line["pinned_baseline_matched_keys_per_s"] =
