@@ -4,8 +4,8 @@
 //!
 //! With a `req_context` object seen before and a free lock, a call runs in
 //! one pass under the core's lock, holding the GIL: each key comes from the
-//! memo (or is built), is looked up, and its answer goes straight into the
-//! result. Otherwise the keys are copied out, `req_id` is read, and the
+//! memo (or is built) and is looked up; `lookup_many`'s answers are then
+//! made into a list with as few calls into the interpreter as it can. Otherwise the keys are copied out, `req_id` is read, and the
 //! lock is waited for without the GIL.
 
 use std::sync::Arc;
@@ -74,25 +74,25 @@ impl Inner {
         req_context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         self.reraise()?;
-        // The answer list is made before the keys are borrowed (making it
-        // may run the garbage collector); nothing in the closure releases
-        // the GIL, allocates a Python object or runs Python code.
+        // The verdicts go into a Rust buffer while the keys are borrowed:
+        // nothing in the closure releases the GIL, allocates a Python
+        // object or runs Python code. The list is made after.
         let fast = convert::with_key_objects(
             keys,
-            |len| VerdictList::new(py, len),
-            |objects, mut list| {
+            |len| Ok(vec![LookupVerdict::Pending; len]),
+            |objects, mut verdicts| {
                 let done = self
                     .try_known_ctx(req_context, |backend, ctx, memo| {
                         memo.count(objects.len());
                         // SAFETY: the GIL is held (fast path) and the keys'
                         // objects are alive (see `with_key_objects`).
                         each_backend!(backend, m => unsafe {
-                            lookup_each(py, m, ctx, memo, objects, &mut list)
+                            lookup_each(py, m, ctx, memo, objects, &mut verdicts)
                         })
                     })
                     .map_err(drop);
                 match done {
-                    Ok(Ok(())) => Ok(Ok(list.finish())),
+                    Ok(Ok(())) => Ok(Ok(verdicts)),
                     Ok(Err(e)) => Ok(Err(errors::lookup_error(e))),
                     // Copied out before the slow path may release the GIL.
                     // SAFETY: the objects are alive and the GIL held.
@@ -103,24 +103,19 @@ impl Inner {
                 }
             },
         )?;
-        let keys = match fast {
-            Ok(done) => return done,
-            Err(keys) => keys,
+        let verdicts = match fast {
+            Ok(done) => done?,
+            Err(keys) => self
+                .with_new_ctx(py, req_context, move |m, ctx| {
+                    let mut out = Vec::with_capacity(keys.len());
+                    for key in &keys {
+                        out.push(m.lookup(key, ctx)?);
+                    }
+                    Ok(out)
+                })?
+                .map_err(errors::lookup_error)?,
         };
-        let verdicts = self
-            .with_new_ctx(py, req_context, move |m, ctx| {
-                let mut out = Vec::with_capacity(keys.len());
-                for key in &keys {
-                    out.push(m.lookup(key, ctx)?);
-                }
-                Ok(out)
-            })?
-            .map_err(errors::lookup_error)?;
-        let mut list = VerdictList::new(py, verdicts.len())?;
-        for (index, v) in verdicts.into_iter().enumerate() {
-            list.set(index, v);
-        }
-        Ok(list.finish())
+        verdict_list(py, &verdicts)
     }
 
     /// How many leading keys exist, or `None` while one before the first
@@ -252,7 +247,7 @@ fn prefetch_object(obj: KeyObj) {
     let _ = obj;
 }
 
-/// Looks each of `objects` up in `m`, its answer into `list`. One
+/// Looks each of `objects` up in `m`, its answer into `verdicts` (as long). One
 /// concrete manager per instance: the loop calls that manager's own
 /// `lookup`, inlined here.
 ///
@@ -271,13 +266,12 @@ unsafe fn lookup_each<T: Tier>(
     ctx: &ReqContext,
     memo: &mut KeyMemo,
     objects: &[KeyObj],
-    list: &mut VerdictList<'_>,
+    verdicts: &mut [LookupVerdict],
 ) -> Result<(), LookupError> {
     if objects.len() < BATCH_MIN_KEYS {
-        for (index, &obj) in objects.iter().enumerate() {
+        for (&obj, out) in objects.iter().zip(verdicts.iter_mut()) {
             // SAFETY: forwarded.
-            let v = m.lookup(unsafe { memo.key(py, obj) }, ctx)?;
-            list.set(index, v);
+            *out = m.lookup(unsafe { memo.key(py, obj) }, ctx)?;
         }
         return Ok(());
     }
@@ -299,7 +293,8 @@ unsafe fn lookup_each<T: Tier>(
             // SAFETY: forwarded.
             unsafe { memo.push_key(py, obj, &mut keys) };
         }
-        done = m.lookup_each(&keys, ctx, |i, v| list.set(base + i, v));
+        let out = &mut verdicts[base..base + chunk.len()];
+        done = m.lookup_each(&keys, ctx, |i, v| out[i] = v);
         if done.is_err() {
             break;
         }
@@ -318,44 +313,52 @@ fn verdict(py: Python<'_>, v: LookupVerdict) -> Bound<'_, PyAny> {
     }
 }
 
-/// A new list of verdicts being filled; its unset items are null until
-/// `set` fills them (a list dropped half-filled skips them).
-struct VerdictList<'py> {
-    list: Bound<'py, PyList>,
-}
-
-impl<'py> VerdictList<'py> {
-    /// A list of `len` unset items.
-    #[inline]
-    fn new(py: Python<'py>, len: usize) -> PyResult<Self> {
-        let len = ffi::Py_ssize_t::try_from(len)
-            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("too many keys"))?;
-        // SAFETY: PyList_New returns a new reference or null with an error set.
-        let list = unsafe {
-            Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))?
-                .downcast_into_unchecked::<PyList>()
-        };
-        Ok(Self { list })
+/// The list of `verdicts`' `True` / `False` / `None`.
+///
+/// With the stable ABI every reference count and list store is a function
+/// call into the interpreter. So the list starts as `[v] * len` for the
+/// most common verdict `v` (CPython fills it and counts the references in
+/// one call), and only the other items are stored one by one: on keys that
+/// mostly answer alike, about one call per key less.
+fn verdict_list<'py>(py: Python<'py>, verdicts: &[LookupVerdict]) -> PyResult<Bound<'py, PyList>> {
+    let len = ffi::Py_ssize_t::try_from(verdicts.len())
+        .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("too many keys"))?;
+    let at = |v: LookupVerdict| match v {
+        LookupVerdict::Hit => 0,
+        LookupVerdict::Miss => 1,
+        LookupVerdict::Pending => 2,
+    };
+    let mut counts = [0usize; 3];
+    for &v in verdicts {
+        counts[at(v)] += 1;
     }
-
-    /// Sets item `index` (within the length, set once) to `v`.
-    #[inline(always)]
-    fn set(&mut self, index: usize, v: LookupVerdict) {
-        let item = verdict(self.list.py(), v);
-        // SAFETY: the list was made by `new` with room for `index`, so
-        // PyList_SetItem cannot fail; it steals the new reference.
-        unsafe {
-            ffi::PyList_SetItem(
-                self.list.as_ptr(),
-                index as ffi::Py_ssize_t,
-                item.into_ptr(),
-            );
+    let fill = [
+        LookupVerdict::Hit,
+        LookupVerdict::Miss,
+        LookupVerdict::Pending,
+    ]
+    .into_iter()
+    .max_by_key(|&v| counts[at(v)])
+    .unwrap_or(LookupVerdict::Pending);
+    let one = PyList::new(py, [verdict(py, fill)])?;
+    // SAFETY: `one` is a list; PySequence_Repeat returns a new reference
+    // (a new list of `len` items, each `one`'s) or null with an error set.
+    let list = unsafe {
+        Bound::from_owned_ptr_or_err(py, ffi::PySequence_Repeat(one.as_ptr(), len))?
+            .downcast_into::<PyList>()?
+    };
+    for (index, &v) in verdicts.iter().enumerate() {
+        if v != fill {
+            // SAFETY: `index` is within the new list's length; the item is
+            // replaced (the old one released) and the new reference stolen.
+            unsafe {
+                ffi::PyList_SetItem(
+                    list.as_ptr(),
+                    index as ffi::Py_ssize_t,
+                    verdict(py, v).into_ptr(),
+                );
+            }
         }
     }
-
-    /// The filled list.
-    #[inline]
-    fn finish(self) -> Bound<'py, PyList> {
-        self.list
-    }
+    Ok(list)
 }

@@ -123,6 +123,9 @@ def test_answers_keep_the_reference_counts_of_true_false_none(ctx):
     m = InMemoryLookupManager(existing_keys=[key(0)])
     try:
         keys = [key(0), key(1), key(2)]
+        # A long list (the batched path) whose list starts as [True] * len
+        # and gets its False and None stored over it.
+        long_keys = [key(0)] * 100 + [key(1), key(2)] * 10
         for k in keys[:2]:
             resolve(m, k, ctx)
         gc.collect()
@@ -130,6 +133,7 @@ def test_answers_keep_the_reference_counts_of_true_false_none(ctx):
         held = []
         for i in range(1000):
             held.append(m.lookup_many(keys, ctx))
+            held.append(m.lookup_many(long_keys, ctx))
             held.append(m.lookup(keys[i % 3], ctx))
             with pytest.raises(ValueError):
                 m.lookup_many([key(0), key(1), b"x" * 65], ctx)
@@ -137,6 +141,7 @@ def test_answers_keep_the_reference_counts_of_true_false_none(ctx):
             m.lookup_many(keys, types.SimpleNamespace(req_id=f"new-{i}"))
             m.cleanup(f"new-{i}")
         assert held[0] == [True, False, None]
+        assert held[1] == [True] * 100 + [False, None] * 10
         del held
         gc.collect()
         after = [sys.getrefcount(x) for x in (True, False, None)]
