@@ -13,7 +13,12 @@
 //! 32 keys (half shared by 4 requests), each step looking up every key
 //! without a verdict, then flushing, answering and cleaning up finished
 //! requests; `base`: the same steps through `kvbench w2`'s minimal step
-//! loop (a bare `HashMap`), the instruction count to compare `w2` with.
+//! loop (a bare `HashMap`), the instruction count to compare `w2` with;
+//! `w3`: `kvbench w3`'s scheduler side without a tier, 96 one-request
+//! steps of 1,024 new keys (half present) looked up and flushed at once
+//! under the default limits (8 steps in flight: most calls wait for a
+//! slot), each call answered in order as it starts, then every key checked
+//! and each request cleaned up, ten times.
 //! Prints the number of operations, to divide the count by.
 //!
 //! The manager's own w1 loop (its checks for results and shutdown included)
@@ -24,14 +29,14 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use kvtier_core::ledger::{LazyNow, Ledger, LookupVerdict};
-use kvtier_core::{OffloadKey, ReqContext};
+use kvtier_core::ledger::{CallOutcome, LazyNow, Ledger, LookupVerdict};
+use kvtier_core::{ManagerConfig, OffloadKey, ReqContext};
 
-use common::{flush_and_answer, ledger, resolved, step_keys};
+use common::{flush_and_answer, key, ledger, resolved, step_keys};
 
 #[inline(never)]
 fn measured_w1(l: &mut Ledger, keys: &[OffloadKey], order: &[u32], ctx: &ReqContext) -> usize {
@@ -215,6 +220,44 @@ fn base_lookups(state: &mut BaseMap, c: &mut Cohort, batch: &mut Vec<Vec<Offload
     }
 }
 
+/// The scheduler's side of one `kvbench w3` pass (see the module
+/// documentation); returns the hits.
+#[inline(never)]
+fn measured_w3(l: &mut Ledger, steps: &[(ReqContext, Vec<OffloadKey>)]) -> usize {
+    let now = Instant::now();
+    let mut lazy = LazyNow::at(now);
+    let mut running = VecDeque::new();
+    let mut calls = Vec::new();
+    for (ctx, keys) in steps {
+        for k in keys {
+            l.lookup(black_box(k), ctx, &mut lazy).ok();
+        }
+        l.flush_and_start(now, &mut calls);
+        running.extend(calls.drain(..));
+    }
+    // The tier answers the calls in the order they started; each answer
+    // frees a slot for a waiting call, as the manager's drain does.
+    while let Some(call) = running.pop_front() {
+        let found = (0..call.keys.len()).map(|i| i % 2 == 0).collect();
+        let elapsed = Duration::from_micros(700);
+        l.complete_ended(call.id, CallOutcome::Answered(found), elapsed, now, now);
+        l.reuse_keys(call.keys);
+        while let Some(next) = l.next_call(now) {
+            running.push_back(next);
+        }
+    }
+    let mut hits = 0;
+    for (ctx, keys) in steps {
+        for k in keys {
+            if l.lookup(k, ctx, &mut lazy) == Ok(LookupVerdict::Hit) {
+                hits += 1;
+            }
+        }
+        l.cleanup(ctx.req_id());
+    }
+    hits
+}
+
 fn main() {
     let which = std::env::args()
         .skip(1)
@@ -248,6 +291,28 @@ fn main() {
                 measured_w1_map(&map, &keys, &order)
             };
             println!("{which}: {} lookups, {hits} hits", order.len());
+        }
+        "w3" => {
+            let mut l = Ledger::new(
+                &ManagerConfig {
+                    max_queued_keys: 1 << 20,
+                    ..ManagerConfig::named("bench")
+                },
+                Instant::now(),
+            );
+            let (mut lookups, mut hits) = (0usize, 0usize);
+            for pass in 0..10u64 {
+                let steps: Vec<(ReqContext, Vec<OffloadKey>)> = (0..96u64)
+                    .map(|s| {
+                        let first = (pass * 96 + s) * 1024;
+                        let keys = (first..first + 1024).map(key).collect();
+                        (ReqContext::new(format!("w3-{pass}-{s}")), keys)
+                    })
+                    .collect();
+                hits += measured_w3(&mut l, &steps);
+                lookups += 96 * 1024;
+            }
+            println!("w3: {lookups} keys, {hits} hits");
         }
         "w2" => {
             let mut l = ledger(1 << 20);
