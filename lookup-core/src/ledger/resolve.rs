@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::counters::CallSpan;
+use super::counters::{CallSpan, Counters};
 use super::outstanding::OutstandingCall;
 use super::table::{Phase, Probe};
 use super::{CallOutcome, Ledger, ticks};
@@ -33,12 +33,13 @@ impl Ledger {
         let answers = call.probes.iter().zip(found);
         if flushed_at == 0 {
             // A queued group's call: each key waited from its own flush.
+            let mut run = FlushRun::default();
             for (&probe, present) in answers {
                 if let Some(timed) = self.resolve(probe, KeyResult::Answer(present), 0) {
-                    self.counters
-                        .record_verdict_times(timed, now_ticks, 1, span);
+                    run.add(&mut self.counters, timed, now_ticks, span);
                 }
             }
+            run.record(&mut self.counters, now_ticks, span);
             return;
         }
         // A call the flush handed out at once: its keys' first verdicts all
@@ -104,6 +105,7 @@ impl Ledger {
         let retry_at = ticks(self.epoch, now + self.failure_backoff);
         let flushed_at = call.flushed_at;
         let mut first_verdicts = 0;
+        let mut run = FlushRun::default();
         for &probe in &call.probes {
             let result = KeyResult::Failed { retry_at };
             let Some(timed) = self.resolve(probe, result, flushed_at) else {
@@ -115,12 +117,12 @@ impl Ledger {
                 self.counters.errors += 1;
             }
             if flushed_at == 0 {
-                self.counters
-                    .record_verdict_times(timed, now_ticks, 1, span);
+                run.add(&mut self.counters, timed, now_ticks, span);
             } else {
                 first_verdicts += u64::from(timed != 0);
             }
         }
+        run.record(&mut self.counters, now_ticks, span);
         self.counters
             .record_verdict_times(flushed_at, now_ticks, first_verdicts, span);
     }
@@ -191,5 +193,42 @@ impl Ledger {
             self.counters
                 .record_verdict_times(flushed_at, now_ticks, first_verdicts, None);
         }
+    }
+}
+
+/// Keys of a queued group's call that were flushed at the same time, in a
+/// row (a group's keys come mostly from one flush): their times to verdict
+/// are one sample recorded `count` times, written once per run instead of
+/// once per key.
+#[derive(Default)]
+struct FlushRun {
+    /// The flush time (ticks plus one; 0: none) of the keys in the run.
+    flushed_at: u64,
+    count: u64,
+}
+
+impl FlushRun {
+    /// Adds a key flushed at `flushed_at`, recording the run before it if
+    /// that one was flushed at another time.
+    #[inline]
+    fn add(
+        &mut self,
+        counters: &mut Counters,
+        flushed_at: u64,
+        now_ticks: u64,
+        span: Option<CallSpan>,
+    ) {
+        if flushed_at != self.flushed_at {
+            self.record(counters, now_ticks, span);
+            self.flushed_at = flushed_at;
+        }
+        self.count += 1;
+    }
+
+    /// Records the run (nothing for an empty one) and empties it.
+    #[inline]
+    fn record(&mut self, counters: &mut Counters, now_ticks: u64, span: Option<CallSpan>) {
+        counters.record_verdict_times(self.flushed_at, now_ticks, self.count, span);
+        self.count = 0;
     }
 }

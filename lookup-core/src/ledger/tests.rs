@@ -453,6 +453,89 @@ fn mark_present_forgets_an_orphan_in_flight() {
 }
 
 #[test]
+fn a_waiting_group_of_keys_from_several_flushes_times_each_from_its_own() {
+    let cfg = ManagerConfig {
+        max_calls_in_flight: 1,
+        ..ManagerConfig::named("test")
+    };
+    let mut l = Ledger::new(&cfg, Instant::now());
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let key = |i: u8| OffloadKey::new(&[i; 36]);
+    let start = |l: &mut Ledger, at: Duration| {
+        let mut calls = Vec::new();
+        l.flush_and_start(t0 + at, &mut calls);
+        calls
+    };
+    // a takes the only call slot; b's keys wait for it, flushed at 1 ms
+    // (two keys), 2 ms (three) and 3 ms (one): one waiting group.
+    let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
+    l.lookup(&key(1), &a, &mut LazyNow::at(t0)).unwrap();
+    let first = start(&mut l, ms(0)).pop().expect("a's call");
+    for (at, keys) in [(1, &[10u8, 11][..]), (2, &[12, 13, 14]), (3, &[15])] {
+        for &i in keys {
+            l.lookup(&key(i), &b, &mut LazyNow::at(t0 + ms(at)))
+                .unwrap();
+        }
+        assert!(start(&mut l, ms(at)).is_empty(), "the slot is taken");
+    }
+    l.complete(
+        first.id,
+        CallOutcome::Answered(vec![true]),
+        ms(4),
+        t0 + ms(4),
+    );
+    let second = l.next_call(t0 + ms(4)).expect("b's call");
+    assert_eq!(second.keys.len(), 6, "b's keys went out in one call");
+    // Answered at 10 ms (the call ended at 8): 9, 9, 8, 8, 8 and 7 ms.
+    l.complete_ended(
+        second.id,
+        CallOutcome::Answered(vec![true; 6]),
+        ms(4),
+        t0 + ms(8),
+        t0 + ms(10),
+    );
+    let s = l.stats();
+    let ms_mean = |x: crate::LatencySummary| (x.count, (x.mean_us / 100.0).round() / 10.0);
+    // With a's key (4 ms): 7 samples, mean (4 + 18 + 24 + 7) / 7 ms.
+    assert_eq!(ms_mean(s.time_to_verdict), (7, 7.6));
+    // b's queueing: 3, 3, 2, 2, 2, 1 ms (its call started at 4 ms).
+    assert_eq!(s.verdict_queueing.count, 6);
+    assert_eq!(ms_mean(s.verdict_queueing).1, 2.2);
+    assert_eq!(ms_mean(s.verdict_publication), (6, 2.0));
+    let total_ms = |x: crate::LatencySummary| x.mean_us * x.count as f64 / 1000.0;
+    let before = total_ms(s.time_to_verdict);
+    // A failed waiting group is timed the same way: c's keys flushed at
+    // 11 and 12 ms behind d's call, failed at 20 ms (9, 9, 8 ms).
+    let (c, d) = (ReqContext::new("c"), ReqContext::new("d"));
+    l.lookup(&key(20), &d, &mut LazyNow::at(t0 + ms(10)))
+        .unwrap();
+    let third = start(&mut l, ms(10)).pop().expect("d's call");
+    for (at, keys) in [(11, &[21u8, 22][..]), (12, &[23])] {
+        for &i in keys {
+            l.lookup(&key(i), &c, &mut LazyNow::at(t0 + ms(at)))
+                .unwrap();
+        }
+        assert!(start(&mut l, ms(at)).is_empty(), "the slot is taken");
+    }
+    l.complete(
+        third.id,
+        CallOutcome::Answered(vec![false]),
+        ms(5),
+        t0 + ms(15),
+    );
+    let fourth = l.next_call(t0 + ms(15)).expect("c's call");
+    let err = TierError::new(TierErrorKind::Unavailable, "down");
+    l.complete(fourth.id, CallOutcome::Failed(err), ms(5), t0 + ms(20));
+    let s = l.stats();
+    assert_eq!(s.errors, 3);
+    // d's key (5 ms) and c's three: 7 + 4 samples, the new ones 31 ms.
+    assert_eq!(s.time_to_verdict.count, 11);
+    let added = total_ms(s.time_to_verdict) - before;
+    assert!((added - 31.0).abs() < 0.5, "{added} ms added");
+}
+
+#[test]
 fn time_to_verdict_splits_into_queueing_round_trip_and_publication() {
     let mut l = ledger();
     let t0 = Instant::now();
