@@ -25,6 +25,7 @@
 //! long, each byte is scanned for a line end once, and the whole pipeline
 //! is bounded by the response timeout.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -520,18 +521,24 @@ impl Reader {
     /// rest of its replies are read (and dropped) under that one's
     /// deadline, which is no sooner, and then that one's own: a server
     /// late for one pipeline may answer the next in time, and the
-    /// connection stays in step. Gives the pipeline whose replies were
-    /// read, or whose deadline passed with no other queued.
+    /// connection stays in step. Every late pipeline's replies are read
+    /// in the order written, including those of a queued one whose
+    /// deadline passed before its replies started. Gives the pipeline
+    /// whose replies were read, or whose deadline passed with no other
+    /// queued.
     async fn read_answer(
         &mut self,
         pending: Pending,
         written: &mut mpsc::UnboundedReceiver<Pending>,
     ) -> (Pending, Result<(Vec<bool>, Option<String>), LeanError>) {
-        // The pipeline whose replies are read, and the one waiting for
-        // them: the same unless the first was late.
+        // The pipeline waiting for an answer, and the replies being read:
+        // its own, or while `late` holds the replies of pipelines already
+        // answered as timed out (`n` of the one being read, then `owed` of
+        // each after it, in order).
         let (mut n, mut found) = (pending.n, Vec::with_capacity(pending.n));
         let mut owner = pending;
         let mut late = false;
+        let mut owed = VecDeque::new();
         loop {
             let read = tokio::time::timeout_at(
                 owner.deadline,
@@ -545,17 +552,23 @@ impl Reader {
                         // `read_pipeline` resumes where it stopped: what it
                         // parsed is in `found` and `self.at`, and a read
                         // cut short loses no byte.
-                        let _ = std::mem::replace(&mut owner, next)
-                            .answer
-                            .send(Err(LeanError::Timeout));
+                        let timed_out = std::mem::replace(&mut owner, next);
+                        if late {
+                            // None of its replies were read yet.
+                            owed.push_back(timed_out.n);
+                        }
+                        let _ = timed_out.answer.send(Err(LeanError::Timeout));
                         late = true;
                         continue;
                     }
                 }
-                // The late pipeline's last reply: now the owner's own.
+                // A late pipeline's last reply: the next late one's
+                // replies follow, or else the owner's own.
                 Ok(_) if late => {
-                    late = false;
-                    n = owner.n;
+                    n = owed.pop_front().unwrap_or_else(|| {
+                        late = false;
+                        owner.n
+                    });
                     found = Vec::with_capacity(n);
                     continue;
                 }

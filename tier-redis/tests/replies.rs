@@ -45,10 +45,17 @@ enum Answer {
     /// [`LATE`] of silence at the first EXISTS the server sees on any
     /// connection, then `:1` to it and to every other.
     LateOnce,
+    /// [`LATER`] of silence at the first EXISTS the server sees on any
+    /// connection; to it and to every other, `:1` for a key whose last
+    /// byte is odd and `:0` for the others.
+    LaterOnceByKey,
 }
 
 /// How late [`Answer::LateOnce`] answers.
 const LATE: Duration = Duration::from_millis(1000);
+
+/// How late [`Answer::LaterOnceByKey`] answers.
+const LATER: Duration = Duration::from_millis(1125);
 
 /// What the fake server saw, across its connections.
 #[derive(Default)]
@@ -157,6 +164,13 @@ async fn serve(mut conn: TcpStream, answer: Answer, port: u16, seen: Arc<Seen>) 
                         Answer::LateOnce if first_anywhere => {
                             tokio::time::sleep(LATE).await;
                             out.extend_from_slice(b":1\r\n");
+                        }
+                        Answer::LaterOnceByKey => {
+                            if first_anywhere {
+                                tokio::time::sleep(LATER).await;
+                            }
+                            let odd = args.get(1).and_then(|k| k.last()).is_some_and(|b| b % 2 == 1);
+                            out.extend_from_slice(if odd { b":1\r\n" } else { b":0\r\n" });
                         }
                         Answer::MovedOnce
                         | Answer::HangUpOnce
@@ -440,6 +454,56 @@ async fn a_server_late_for_one_pipeline_still_answers_the_next_in_time() {
         "{first:?}"
     );
     assert_eq!(second.unwrap(), [true; 64]);
+    let stats = tier.pipeline_stats();
+    assert_eq!(stats.fallbacks, 0, "{stats:?}");
+    assert_eq!(stats.lean, 1, "{stats:?}");
+    assert_eq!(server.seen.lean_connections.load(Ordering::SeqCst), 1);
+}
+
+/// A server late past two pipelines' deadlines: both time out, and the
+/// third, written behind them on the same connection, gets its own replies
+/// (its keys answer `:1`, the second's `:0`), not the second's. Before,
+/// the reader drained the first pipeline's late replies, then read the
+/// second's as the third's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_late_past_two_deadlines_answers_the_third_pipeline_with_its_own_replies() {
+    let server = FakeRedis::start(Answer::LaterOnceByKey).await;
+    // Written at 0, 250 and 600 ms (deadlines 700, 950 and 1,300 ms); the
+    // replies come from LATER (1,125 ms) on.
+    let tier = Arc::new(chunked_tier(&server, true, false, 500, 700, 64));
+    let odd = |keys: Vec<kvtier_core::OffloadKey>| -> Vec<kvtier_core::OffloadKey> {
+        keys.iter()
+            .map(|k| {
+                let mut bytes = k.as_bytes().to_vec();
+                *bytes.last_mut().unwrap() = 1;
+                kvtier_core::OffloadKey::new(&bytes)
+            })
+            .collect()
+    };
+    let (first_keys, second_keys) = (unique_keys(64, 36), unique_keys(64, 36));
+    let third_keys = odd(unique_keys(64, 36));
+    let lookup = |keys: Vec<kvtier_core::OffloadKey>, after_ms: u64| {
+        let tier = Arc::clone(&tier);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            tier.exists_many(&keys).await
+        })
+    };
+    let first = lookup(first_keys, 0);
+    let second = lookup(second_keys, 250);
+    let third = lookup(third_keys, 600);
+    let (first, second, third) = (
+        first.await.unwrap(),
+        second.await.unwrap(),
+        third.await.unwrap(),
+    );
+    for late in [&first, &second] {
+        assert!(
+            matches!(late, Err(RedisTierError::Timeout { .. })),
+            "{late:?}"
+        );
+    }
+    assert_eq!(third.unwrap(), [true; 64]);
     let stats = tier.pipeline_stats();
     assert_eq!(stats.fallbacks, 0, "{stats:?}");
     assert_eq!(stats.lean, 1, "{stats:?}");
