@@ -462,30 +462,43 @@ fn a_waiting_group_of_keys_from_several_flushes_times_each_from_its_own() {
     let t0 = Instant::now();
     let ms = Duration::from_millis;
     let key = |i: u8| OffloadKey::new(&[i; 36]);
-    let start = |l: &mut Ledger, at: Duration| {
-        let mut calls = Vec::new();
-        l.flush_and_start(t0 + at, &mut calls);
-        calls
+    // `holder` takes the only call slot with key `held` at `at` ms, and
+    // `waiter`'s keys wait for it, each batch flushed at its own ms; the
+    // holder's call is answered `answer` at `freed` ms. Gives the waiting
+    // group's call.
+    let wait_behind = |l: &mut Ledger,
+                       (holder, held, at): (&str, u8, u64),
+                       (waiter, flushes): (&str, &[(u64, &[u8])]),
+                       (answer, freed): (bool, u64)| {
+        let start = |l: &mut Ledger, at: u64| {
+            let mut calls = Vec::new();
+            l.flush_and_start(t0 + ms(at), &mut calls);
+            calls
+        };
+        let (holder, waiter) = (ReqContext::new(holder), ReqContext::new(waiter));
+        l.lookup(&key(held), &holder, &mut LazyNow::at(t0 + ms(at)))
+            .unwrap();
+        let holding = start(l, at).pop().expect("the holder's call");
+        for &(at, keys) in flushes {
+            for &i in keys {
+                l.lookup(&key(i), &waiter, &mut LazyNow::at(t0 + ms(at)))
+                    .unwrap();
+            }
+            assert!(start(l, at).is_empty(), "the slot is taken");
+        }
+        l.complete(
+            holding.id,
+            CallOutcome::Answered(vec![answer]),
+            ms(freed - at),
+            t0 + ms(freed),
+        );
+        l.next_call(t0 + ms(freed))
+            .expect("the waiting group's call")
     };
     // a takes the only call slot; b's keys wait for it, flushed at 1 ms
     // (two keys), 2 ms (three) and 3 ms (one): one waiting group.
-    let (a, b) = (ReqContext::new("a"), ReqContext::new("b"));
-    l.lookup(&key(1), &a, &mut LazyNow::at(t0)).unwrap();
-    let first = start(&mut l, ms(0)).pop().expect("a's call");
-    for (at, keys) in [(1, &[10u8, 11][..]), (2, &[12, 13, 14]), (3, &[15])] {
-        for &i in keys {
-            l.lookup(&key(i), &b, &mut LazyNow::at(t0 + ms(at)))
-                .unwrap();
-        }
-        assert!(start(&mut l, ms(at)).is_empty(), "the slot is taken");
-    }
-    l.complete(
-        first.id,
-        CallOutcome::Answered(vec![true]),
-        ms(4),
-        t0 + ms(4),
-    );
-    let second = l.next_call(t0 + ms(4)).expect("b's call");
+    let b_flushes: [(u64, &[u8]); 3] = [(1, &[10, 11]), (2, &[12, 13, 14]), (3, &[15])];
+    let second = wait_behind(&mut l, ("a", 1, 0), ("b", &b_flushes), (true, 4));
     assert_eq!(second.keys.len(), 6, "b's keys went out in one call");
     // Answered at 10 ms (the call ended at 8): 9, 9, 8, 8, 8 and 7 ms.
     l.complete_ended(
@@ -507,24 +520,8 @@ fn a_waiting_group_of_keys_from_several_flushes_times_each_from_its_own() {
     let before = total_ms(s.time_to_verdict);
     // A failed waiting group is timed the same way: c's keys flushed at
     // 11 and 12 ms behind d's call, failed at 20 ms (9, 9, 8 ms).
-    let (c, d) = (ReqContext::new("c"), ReqContext::new("d"));
-    l.lookup(&key(20), &d, &mut LazyNow::at(t0 + ms(10)))
-        .unwrap();
-    let third = start(&mut l, ms(10)).pop().expect("d's call");
-    for (at, keys) in [(11, &[21u8, 22][..]), (12, &[23])] {
-        for &i in keys {
-            l.lookup(&key(i), &c, &mut LazyNow::at(t0 + ms(at)))
-                .unwrap();
-        }
-        assert!(start(&mut l, ms(at)).is_empty(), "the slot is taken");
-    }
-    l.complete(
-        third.id,
-        CallOutcome::Answered(vec![false]),
-        ms(5),
-        t0 + ms(15),
-    );
-    let fourth = l.next_call(t0 + ms(15)).expect("c's call");
+    let c_flushes: [(u64, &[u8]); 2] = [(11, &[21, 22]), (12, &[23])];
+    let fourth = wait_behind(&mut l, ("d", 20, 10), ("c", &c_flushes), (false, 15));
     let err = TierError::new(TierErrorKind::Unavailable, "down");
     l.complete(fourth.id, CallOutcome::Failed(err), ms(5), t0 + ms(20));
     let s = l.stats();
