@@ -5,8 +5,9 @@
 //! With a `req_context` object seen before and a free lock, a call runs in
 //! one pass under the core's lock, holding the GIL: each key comes from the
 //! memo (or is built) and is looked up; `lookup_many`'s answers are then
-//! made into a list with as few calls into the interpreter as it can. Otherwise the keys are copied out, `req_id` is read, and the
-//! lock is waited for without the GIL.
+//! made into a list with as few calls into the interpreter as it can.
+//! Otherwise the keys are copied out, `req_id` is read, and the lock is
+//! waited for without the GIL.
 
 use std::sync::Arc;
 
@@ -247,9 +248,9 @@ fn prefetch_object(obj: KeyObj) {
     let _ = obj;
 }
 
-/// Looks each of `objects` up in `m`, its answer into `verdicts` (as long). One
-/// concrete manager per instance: the loop calls that manager's own
-/// `lookup`, inlined here.
+/// Looks each of `objects` up in `m`, its answer into `verdicts` (as
+/// long). One concrete manager per instance: the loop calls that manager's
+/// own `lookup`, inlined here.
 ///
 /// A long list goes in chunks: the chunk's keys are built first (the
 /// objects' reads, independent of each other, overlap), then looked up
