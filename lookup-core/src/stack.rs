@@ -269,7 +269,10 @@ impl TierStack {
 
     /// [`add`](Self::add) for a [`BlockStore`], with the defaults of its
     /// [`manager_config`](BlockStore::manager_config) (its name, its key
-    /// length): `stack.add_store(&disk, ManagerConfig::default())`.
+    /// length): `stack.add_store(&disk, ManagerConfig::default())`. For a
+    /// stack without a spawner, the manager is the store's own
+    /// [`manager`](BlockStore::manager): a runtime of its own, unless the
+    /// store runs it on a runtime it owns (as the Redis tier does).
     ///
     /// # Errors
     /// As [`add`](Self::add).
@@ -278,6 +281,10 @@ impl TierStack {
         store: &Arc<S>,
         config: ManagerConfig,
     ) -> Result<&mut Self, ManagerError> {
+        if self.spawner.is_none() {
+            self.push(Box::new(store.manager(config)?));
+            return Ok(self);
+        }
         self.add(Arc::clone(store), store.manager_config(config))
     }
 

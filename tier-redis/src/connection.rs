@@ -85,6 +85,11 @@ impl Connection {
         }
     }
 
+    /// The runtime its connections are made and driven on.
+    pub(crate) fn spawner(&self) -> &kvtier_core::Spawner {
+        self.io.spawner()
+    }
+
     /// A Redis Cluster.
     pub(crate) fn cluster(cluster: Cluster, io: Io) -> Self {
         Self {

@@ -120,6 +120,13 @@ impl RedisTier {
         self.names.layout()
     }
 
+    /// The runtime the tier's connections are made and driven on: the one
+    /// it started ([`new`](Self::new)) or the one it was given
+    /// ([`with_spawner`](Self::with_spawner)).
+    pub fn spawner(&self) -> &Spawner {
+        self.conn.spawner()
+    }
+
     /// The Redis name `key` is stored under (prefix and layout applied), as
     /// `redis-cli` would be given it.
     pub fn key_name(&self, key: &OffloadKey) -> Vec<u8> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use kvtier_core::testkit::{self, unique_keys};
 use kvtier_core::{
     AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Spawner,
-    Tier,
+    StackPolicy, Tier, TierStack,
 };
 use kvtier_redis::{RedisConfig, RedisTier};
 
@@ -247,5 +247,85 @@ fn a_tier_keeps_a_dedicated_spawner_it_was_given_alive() {
         );
         rt.block_on(tier.remove_many(&keys)).unwrap();
         m.shutdown();
+    }
+}
+
+/// Threads of this process named `name` (a thread's name is its first 15
+/// bytes).
+fn threads_named(name: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim_end() == name)
+        })
+        .count()
+}
+
+/// Whether a thread named `name` is seen within `limit`: a new thread
+/// names itself once it runs, so a count taken at once can miss it.
+fn thread_seen_within(name: &str, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if threads_named(name) > 0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// `tier.manager(...)` runs the lookup worker on the tier's own runtime when
+/// the tier has a dedicated one (no thread of the manager's own, answers
+/// exact), and on a runtime of its own when the tier runs on a caller's
+/// runtime, which nothing promises to drive.
+#[test]
+fn a_managers_worker_runs_on_the_tiers_dedicated_runtime() {
+    // Only this test names a manager "Z...": its thread is `kvtier-lookup-Z`.
+    const THREAD: &str = "kvtier-lookup-Z";
+    let wait = Duration::from_millis(500);
+    for (name, config) in configs("a_managers_worker_runs_on_the_tiers_dedicated_runtime") {
+        let keys = unique_keys(6, 36);
+        let tier = Arc::new(RedisTier::new(config.clone()).unwrap());
+        let mut m = tier.manager(ManagerConfig::named("Z-shared")).unwrap();
+        let rt = short_lived_runtime(false);
+        rt.block_on(tier.store(&keys[1], b"shared")).unwrap();
+        let mut want = vec![LookupVerdict::Miss; keys.len()];
+        want[1] = LookupVerdict::Hit;
+        assert_eq!(verdicts(&mut m, &keys, "shared"), want, "{name}");
+        assert_eq!(m.stats().errors + m.stats().timeouts, 0, "{name}");
+        assert!(
+            !thread_seen_within(THREAD, wait),
+            "{name}: no thread of its own"
+        );
+        m.shutdown();
+        // A stack without a spawner of its own starts the tier's manager the same way.
+        let mut stack = TierStack::new(StackPolicy::default());
+        stack
+            .add_store(&tier, ManagerConfig::named("Z-stack"))
+            .unwrap();
+        assert!(
+            !thread_seen_within(THREAD, wait),
+            "{name}: a stack's manager, no thread of its own"
+        );
+        stack.shutdown();
+        rt.block_on(tier.remove_many(&keys)).unwrap();
+
+        let callers = Spawner::from_handle(rt.handle().clone());
+        let tier = Arc::new(RedisTier::with_spawner(config, &callers).unwrap());
+        let mut m = tier.manager(ManagerConfig::named("Z-own")).unwrap();
+        assert!(
+            thread_seen_within(THREAD, Duration::from_secs(5)),
+            "{name}: a runtime of its own"
+        );
+        m.shutdown();
+        // Its thread ends with it, before the next configuration looks.
+        let start = std::time::Instant::now();
+        while threads_named(THREAD) > 0 && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
