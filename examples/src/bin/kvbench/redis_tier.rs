@@ -86,16 +86,27 @@ fn w3_one(
     // the end): names of 52 bytes (58 tagged), not much longer than the default's 43 (49).
     let run = (Rng::new(cli.seed).next_u64() ^ u64::from(std::process::id())) as u32;
     let prefix = format!("kvtier:{run:08x}:");
-    // The tier on its own I/O thread and each manager on a runtime of its
-    // own (the defaults), or, with `KVBENCH_W3_RUNTIME=shared`, all of them
-    // on one runtime, as the README's embedding example sets them up. On
-    // this 2-core machine neither won clearly (2026-12-03, four separate
-    // and three shared runs): each ratio and time to verdict varied as much
-    // between runs of one set-up as between the two.
-    let shared = std::env::var("KVBENCH_W3_RUNTIME")
-        .is_ok_and(|v| v == "shared")
-        .then(|| Spawner::dedicated("kvbench-w3", 1))
-        .transpose()?;
+    // Where the managers' workers run (`KVBENCH_W3_RUNTIME`):
+    // - `tier` (the default): on the tier's own I/O runtime, as
+    //   `RedisTier::manager` puts them: one thread for the lookups and their
+    //   connections;
+    // - `separate`: each manager on a runtime of its own
+    //   (`AsyncLookupManager::new`), beside the tier's I/O thread;
+    // - `shared`: the tier and every manager on one `Spawner` made here, as
+    //   the README's embedding example sets them up.
+    // On a 2-core machine with 3 masters, `tier` read 0.81 to 0.86 of the
+    // matched baseline where `separate` read 0.74 to 0.83 (2026-12-08,
+    // alternating pairs).
+    let runtime = std::env::var("KVBENCH_W3_RUNTIME").unwrap_or_else(|_| "tier".to_owned());
+    let shared = match runtime.as_str() {
+        "tier" | "separate" => None,
+        "shared" => Some(Spawner::dedicated("kvbench-w3", 1)?),
+        other => {
+            return Err(
+                format!("KVBENCH_W3_RUNTIME is tier, separate or shared, not {other:?}").into(),
+            );
+        }
+    };
     // `KVBENCH_W3_KEY_LAYOUT=plain` or `tagged` overrides the layout of the
     // names (default: the tier's, tagged on a cluster), for an A/B of the
     // servers' cost per key.
@@ -117,14 +128,17 @@ fn w3_one(
         Some(spawner) => kvtier_redis::RedisTier::with_spawner(tier_config, spawner)?,
         None => kvtier_redis::RedisTier::new(tier_config)?,
     });
-    let manager = |config: &ManagerConfig| match &shared {
-        Some(spawner) => AsyncLookupManager::with_spawner_and_wake_hook(
+    let manager = |config: &ManagerConfig| match (&shared, runtime.as_str()) {
+        (None, "separate") => {
+            AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())
+        }
+        // `shared`: the spawner the tier was built on; `tier`: the tier's own.
+        _ => AsyncLookupManager::with_spawner_and_wake_hook(
             Arc::clone(&tier),
             config.clone(),
-            spawner,
+            tier.spawner(),
             unpark_me(),
         ),
-        None => AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me()),
     };
     let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, KEY_LEN)).collect();
     let blocks: Vec<(OffloadKey, Vec<u8>)> =
@@ -345,7 +359,7 @@ fn w3_one(
     let mut line = json!({
         "workload": "w3",
         "tier": label,
-        "params": { "runtime": if shared.is_some() { "shared" } else { "separate" }, "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
+        "params": { "runtime": runtime, "preload": PRELOAD, "keys_per_step": STEP, "present_fraction": 0.5,
                     "throughput_steps": throughput_steps, "ttv_steps": ttv_steps, "poll_us": 100,
                     "rounds": rounds, "throughput_repeats_per_round": repeats,
                     "wide_limits": { "max_steps_in_flight": wide_steps, "max_calls_in_flight": wide_calls },
