@@ -3,6 +3,7 @@
 //! raw redis-rs pipeline loop.
 
 mod baselines;
+mod coupled;
 mod cpu;
 mod pinning;
 
@@ -14,6 +15,7 @@ use kvtier_core::{AsyncLookupManager, ManagerConfig, OffloadKey, ReqContext, Spa
 use serde_json::{Value, json};
 
 use self::baselines::{BenchKeys, host_port, matched_bench_keys, raw_redis_loop, redis_benchmark};
+use self::coupled::coupled_floor;
 use self::cpu::{CpuSample, CpuTally};
 use self::pinning::{Pinning, redis_server_pids};
 use crate::common::{
@@ -231,6 +233,12 @@ fn w3_one(
     // redis-rs, without the manager or the tier.
     let mut raw_client = Vec::new();
     let mut wide_rates = Vec::new();
+    // The coupled floor (see `coupled`): the same steps with nothing but
+    // the I/O, 8 steps in flight and every step at once.
+    let mut floor8 = Vec::new();
+    let mut floor_all = Vec::new();
+    let mut cpu_floor8 = CpuTally::default();
+    let mut cpu_floor_all = CpuTally::default();
     let mut verdict_errors = 0;
     // CPU time per key of the servers and of the client, ours (unpinned)
     // and the matched baseline's.
@@ -258,6 +266,24 @@ fn w3_one(
         wide_rates.push(keys_per_s);
         verdict_errors += errors;
         raw_client.push(rt.block_on(raw_redis_loop(urls, &tier, &steps))?);
+        floor8.push(coupled_floor(
+            urls,
+            &tier,
+            &steps,
+            8,
+            repeats,
+            &server_pids,
+            &mut cpu_floor8,
+        )?);
+        floor_all.push(coupled_floor(
+            urls,
+            &tier,
+            &steps,
+            steps.len(),
+            repeats,
+            &server_pids,
+            &mut cpu_floor_all,
+        )?);
         baselines.push(redis_benchmark(
             &host,
             port,
@@ -396,7 +422,20 @@ fn w3_one(
         "pinned": rounded(&pinned_rates),
         "pinned_matched_baseline": rounded(&pinned_matched),
     });
-    line["cpu"] = json!({ "ours": cpu_ours.json(), "wide_limits": cpu_wide.json(), "matched_baseline": cpu_matched.json() });
+    line["cpu"] = json!({ "ours": cpu_ours.json(), "wide_limits": cpu_wide.json(), "matched_baseline": cpu_matched.json(),
+                          "coupled_floor_8": cpu_floor8.json(), "coupled_floor_all": cpu_floor_all.json() });
+    line["coupled_floor"] = json!({
+        "keys_per_s_8": percentile(&floor8, 0.5).round(),
+        "keys_per_s_all": percentile(&floor_all, 0.5).round(),
+        "vs_matched_8": round3(paired_ratio(&floor8, &matched)),
+        "vs_matched_all": round3(paired_ratio(&floor_all, &matched)),
+        "ours_vs_8": round3(paired_ratio(&rates, &floor8)),
+        "per_round_8": rounded(&floor8),
+        "per_round_all": rounded(&floor_all),
+    });
+    line["params"]["coupled_floor"] = json!(
+        "the same steps with nothing but the I/O: per step and master one pre-encoded EXISTS pipeline on a raw TCP connection, one thread, a step leaving the window when every master has answered it; 8 steps in flight (the manager's default) and every step at once"
+    );
     line["params"]["cpu"] = json!(
         "CPU time from /proc/PID/stat over the unpinned runs (the tier's: the timed part, without the verdict check and cleanup after it): the servers' and the client's (this process; redis-benchmark for the baseline) per key, and the cores busy on average"
     );

@@ -18,7 +18,9 @@ pub(crate) fn host_port(url: &str) -> Option<(String, u16)> {
 /// Slot ranges `(first, last, master index)` and each master's URL: from
 /// `CLUSTER SLOTS` when `urls` are a cluster's seeds, else the one server
 /// (with no ranges).
-async fn redis_layout(urls: &[String]) -> Result<(Vec<(u16, u16, usize)>, Vec<String>), Failure> {
+pub(crate) async fn redis_layout(
+    urls: &[String],
+) -> Result<(Vec<(u16, u16, usize)>, Vec<String>), Failure> {
     if urls.len() < 2 {
         return Ok((Vec::new(), urls.to_vec()));
     }
