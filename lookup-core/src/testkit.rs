@@ -155,6 +155,22 @@ pub fn block_for(key: &OffloadKey) -> Vec<u8> {
     block
 }
 
+/// The threads of this process named `name`, as Linux shows them (a
+/// thread's first 15 bytes, from `/proc/self/task/*/comm`); 0 where `/proc`
+/// cannot be read. Tests of which runtime a worker runs on count them.
+pub fn threads_named(name: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim_end() == name)
+        })
+        .count()
+}
+
 static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
 
 /// `n` keys of `len` bytes (at least 16), never produced before by this

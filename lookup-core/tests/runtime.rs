@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvtier_core::testkit::threads_named;
 use kvtier_core::{
     AsyncLookupManager, LookupVerdict, ManagerConfig, ManagerError, OffloadKey, PrefixVerdict,
     ReqContext, Spawner, StackPolicy, StackVerdict, Tier, TierError, TierStack,
@@ -122,20 +123,6 @@ fn wait_verdict<T: Tier>(
             v => return v,
         }
     }
-}
-
-/// The threads of this process whose name is `name` (as Linux shows it).
-fn threads_named(name: &str) -> usize {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|comm| comm.trim_end() == name)
-        })
-        .count()
 }
 
 #[test]

@@ -9,7 +9,7 @@ use kvtier_test_services as support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::testkit::{self, unique_keys};
+use kvtier_core::testkit::{self, threads_named, unique_keys};
 use kvtier_core::{
     AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Spawner,
     StackPolicy, Tier, TierStack,
@@ -248,21 +248,6 @@ fn a_tier_keeps_a_dedicated_spawner_it_was_given_alive() {
         rt.block_on(tier.remove_many(&keys)).unwrap();
         m.shutdown();
     }
-}
-
-/// Threads of this process named `name` (a thread's name is its first 15
-/// bytes).
-fn threads_named(name: &str) -> usize {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|comm| comm.trim_end() == name)
-        })
-        .count()
 }
 
 /// Whether a thread named `name` is seen within `limit`: a new thread

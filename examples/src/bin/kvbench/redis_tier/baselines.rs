@@ -72,6 +72,16 @@ pub(crate) async fn redis_layout(
     Ok((ranges, urls))
 }
 
+/// The master owning `name`'s slot, among `ranges` from [`redis_layout`];
+/// 0 on a single server (no ranges).
+pub(crate) fn master_of(ranges: &[(u16, u16, usize)], name: &[u8]) -> usize {
+    let slot = kvtier_redis::key_slot(name);
+    ranges
+        .iter()
+        .find(|&&(a, b, _)| a <= slot && slot <= b)
+        .map_or(0, |&(_, _, m)| m)
+}
+
 /// The client library alone on `steps`' keys: one EXISTS pipeline per step
 /// and master (keys grouped by master before the clock starts), over one
 /// redis-rs multiplexed connection per master, eight steps in flight like
@@ -88,13 +98,7 @@ pub(crate) async fn raw_redis_loop(
         let client = redis::Client::open(url.as_str())?;
         conns.push(client.get_multiplexed_async_connection().await?);
     }
-    let owner = |name: &[u8]| -> usize {
-        let slot = kvtier_redis::key_slot(name);
-        ranges
-            .iter()
-            .find(|&&(a, b, _)| a <= slot && slot <= b)
-            .map_or(0, |&(_, _, m)| m)
-    };
+    let owner = |name: &[u8]| master_of(&ranges, name);
     // Per step, per master: the full key names, as the tier names them.
     let grouped: Vec<Vec<Vec<Vec<u8>>>> = steps
         .iter()

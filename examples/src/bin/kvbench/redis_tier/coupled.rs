@@ -19,7 +19,7 @@ use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use super::baselines::redis_layout;
+use super::baselines::{master_of, redis_layout};
 use super::cpu::{CpuSample, CpuTally};
 use crate::Failure;
 use crate::common::Step;
@@ -48,13 +48,7 @@ pub(crate) fn coupled_floor(
         .build()?;
     rt.block_on(async {
         let (ranges, masters) = redis_layout(urls).await?;
-        let owner = |name: &[u8]| -> usize {
-            let slot = kvtier_redis::key_slot(name);
-            ranges
-                .iter()
-                .find(|&&(a, b, _)| a <= slot && slot <= b)
-                .map_or(0, |&(_, _, m)| m)
-        };
+        let owner = |name: &[u8]| master_of(&ranges, name);
         // shares[master][step]
         let mut shares: Vec<Vec<Share>> = (0..masters.len()).map(|_| Vec::new()).collect();
         for (_, keys, _) in steps {
