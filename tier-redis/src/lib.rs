@@ -42,8 +42,9 @@
 //!   ([`RedisTier::with_spawner`]), which the tier keeps alive, so stores from a short-lived runtime
 //!   never leave the lookup manager's worker on a connection whose driver is
 //!   gone. Callers may use the tier from any tokio runtime. A manager from
-//!   `tier.manager(...)` runs its worker on that runtime when it is the
-//!   tier's own or a dedicated one: one thread for lookups and connections.
+//!   `tier.manager(...)` (one worker thread, the default) runs its worker on
+//!   that runtime when it is the tier's own or a dedicated one: with
+//!   `RedisTier::new`, one thread for the lookups and their connections.
 //! - **One store interface.** Blocks are stored, loaded and removed through
 //!   [`BlockStore`](kvtier_core::BlockStore): `SET` (with `PX` when [`RedisConfig::ttl_ms`] is set),
 //!   `GET` and `DEL`, and the batched forms in one pipeline per chunk (per

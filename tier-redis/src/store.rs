@@ -197,13 +197,17 @@ impl BlockStore for RedisTier {
     }
 
     /// Starts a lookup manager whose worker runs on the tier's own runtime
-    /// when the tier has a dedicated one ([`RedisTier::new`], or
-    /// [`RedisTier::with_spawner`] with a [`Spawner::dedicated`](kvtier_core::Spawner::dedicated)): one
-    /// thread for the lookups and their connections, so a pipeline's
-    /// replies reach the call waiting for them without a hand-over between
-    /// threads. With a caller's runtime ([`Spawner::from_handle`](kvtier_core::Spawner::from_handle)), which the
-    /// tier cannot know is driven, the manager starts a runtime of its own,
-    /// as [`AsyncLookupManager::new`] does.
+    /// when the tier has a dedicated one ([`RedisTier::new`]: its one I/O
+    /// thread; or [`RedisTier::with_spawner`] with a
+    /// [`Spawner::dedicated`](kvtier_core::Spawner::dedicated)) and `config`
+    /// asks for the default single worker thread: a pipeline's replies then
+    /// reach the call waiting for them without a hand-over between threads,
+    /// and no thread is started for the manager. Otherwise, with a caller's
+    /// runtime ([`Spawner::from_handle`](kvtier_core::Spawner::from_handle)),
+    /// which the tier cannot know is driven, or with `worker_threads` above 1,
+    /// the manager starts a runtime of its own, as [`AsyncLookupManager::new`]
+    /// does; `AsyncLookupManager::from_arc(tier, tier.manager_config(config))`
+    /// always does.
     ///
     /// Measured with `kvbench w3` on a 3-master cluster sharing 2 cores
     /// with the client (2026-12-08, five alternating pairs): the client's
@@ -211,13 +215,14 @@ impl BlockStore for RedisTier {
     /// and 0.76 to 0.86 of the matched redis-benchmark against 0.72 to 0.83.
     ///
     /// # Errors
-    /// As [`AsyncLookupManager::with_spawner`].
+    /// As [`AsyncLookupManager::with_spawner`] on the tier's runtime, as
+    /// [`AsyncLookupManager::from_arc`] on a runtime of its own.
     fn manager(
         self: &Arc<Self>,
         config: ManagerConfig,
     ) -> std::result::Result<AsyncLookupManager<Self>, ManagerError> {
         let config = self.manager_config(config);
-        if self.spawner().is_dedicated() {
+        if self.spawner().is_dedicated() && config.worker_threads <= 1 {
             AsyncLookupManager::with_spawner(Arc::clone(self), config, self.spawner())
         } else {
             AsyncLookupManager::from_arc(Arc::clone(self), config)

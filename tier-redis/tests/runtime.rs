@@ -1,15 +1,15 @@
 //! Runtime safety (issue 12 item 2): stores and lookups made from a tokio
 //! runtime that is then dropped must not leave the tier's connections on a
-//! dead driver. The lookup manager's worker, on a runtime of its own, must
-//! still answer exactly: single node with and without the lean path, and a
-//! cluster.
+//! dead driver. The lookup manager's worker, on a runtime of its own or on
+//! the tier's dedicated one (the last test), must still answer exactly:
+//! single node with and without the lean path, and a cluster.
 
 use kvtier_test_services as support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::testkit::{self, threads_named, unique_keys};
+use kvtier_core::testkit::{self, unique_keys};
 use kvtier_core::{
     AsyncLookupManager, BlockStore, LookupVerdict, ManagerConfig, OffloadKey, ReqContext, Spawner,
     StackPolicy, Tier, TierStack,
@@ -250,12 +250,13 @@ fn a_tier_keeps_a_dedicated_spawner_it_was_given_alive() {
     }
 }
 
+#[cfg(target_os = "linux")]
 /// Whether a thread named `name` is seen within `limit`: a new thread
 /// names itself once it runs, so a count taken at once can miss it.
 fn thread_seen_within(name: &str, limit: Duration) -> bool {
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
-        if threads_named(name) > 0 {
+        if testkit::threads_named(name) > 0 {
             return true;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -267,6 +268,20 @@ fn thread_seen_within(name: &str, limit: Duration) -> bool {
 /// the tier has a dedicated one (no thread of the manager's own, answers
 /// exact), and on a runtime of its own when the tier runs on a caller's
 /// runtime, which nothing promises to drive.
+#[cfg(target_os = "linux")]
+/// Whether every thread named `name` has ended within `limit`.
+fn gone_within(name: &str, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while testkit::threads_named(name) > 0 {
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+#[cfg(target_os = "linux")] // threads are counted in /proc
 #[test]
 fn a_managers_worker_runs_on_the_tiers_dedicated_runtime() {
     // Only this test names a manager "Z...": its thread is `kvtier-lookup-Z`.
@@ -298,6 +313,31 @@ fn a_managers_worker_runs_on_the_tiers_dedicated_runtime() {
         );
         stack.shutdown();
         rt.block_on(tier.remove_many(&keys)).unwrap();
+        // Asked for more worker threads than the tier's runtime has: its own.
+        let mut m = tier
+            .manager(ManagerConfig {
+                worker_threads: 2,
+                ..ManagerConfig::named("Z-two")
+            })
+            .unwrap();
+        assert!(
+            thread_seen_within(THREAD, Duration::from_secs(5)),
+            "{name}: two worker threads, a runtime of its own"
+        );
+        m.shutdown();
+        assert!(
+            gone_within(THREAD, Duration::from_secs(5)),
+            "{name}: its threads ended"
+        );
+        // The same on a dedicated runtime the tier was given.
+        let given = Spawner::dedicated("kvtier-redis-Zg", 1).unwrap();
+        let tier = Arc::new(RedisTier::with_spawner(config.clone(), &given).unwrap());
+        let mut m = tier.manager(ManagerConfig::named("Z-given")).unwrap();
+        assert!(
+            !thread_seen_within(THREAD, wait),
+            "{name}: a given dedicated runtime, no thread of its own"
+        );
+        m.shutdown();
 
         let callers = Spawner::from_handle(rt.handle().clone());
         let tier = Arc::new(RedisTier::with_spawner(config, &callers).unwrap());
@@ -308,9 +348,9 @@ fn a_managers_worker_runs_on_the_tiers_dedicated_runtime() {
         );
         m.shutdown();
         // Its thread ends with it, before the next configuration looks.
-        let start = std::time::Instant::now();
-        while threads_named(THREAD) > 0 && start.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert!(
+            gone_within(THREAD, Duration::from_secs(5)),
+            "{name}: its thread ended"
+        );
     }
 }

@@ -96,9 +96,9 @@ fn w3_one(
     //   (`AsyncLookupManager::new`), beside the tier's I/O thread;
     // - `shared`: the tier and every manager on one `Spawner` made here, as
     //   the README's embedding example sets them up.
-    // On a 2-core machine with 3 masters, `tier` read 0.81 to 0.86 of the
-    // matched baseline where `separate` read 0.74 to 0.83 (2026-12-08,
-    // alternating pairs).
+    // On a 2-core machine with 3 masters, `shared` (the same thread layout
+    // as `tier`) read 0.76 to 0.86 of the matched baseline where `separate`
+    // read 0.72 to 0.83 (2026-12-08, five alternating pairs).
     let runtime = std::env::var("KVBENCH_W3_RUNTIME").unwrap_or_else(|_| "tier".to_owned());
     let shared = match runtime.as_str() {
         "tier" | "separate" => None,
