@@ -91,7 +91,12 @@ pub(crate) fn coupled_floor(
         for _ in 0..repeats {
             let before = CpuSample::now(server_pids);
             let t = Instant::now();
-            let hits = one_pass(&mut conns, &shares, steps.len(), window).await?;
+            let hits = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                one_pass(&mut conns, &shares, steps.len(), window),
+            )
+            .await
+            .map_err(|_| "a pass of the coupled floor did not end within 60 s")??;
             secs += t.elapsed().as_secs_f64();
             cpu.add(before, server_pids, keys as f64, false);
             if hits != present {
@@ -138,7 +143,7 @@ async fn one_pass(
     let done_tx = Arc::new(done_tx);
     let hits = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
-    for (master, (mut read, mut write)) in std::mem::take(conns).into_iter().enumerate() {
+    for (master, (read, mut write)) in std::mem::take(conns).into_iter().enumerate() {
         let writer = {
             let shares = Arc::clone(shares);
             let mut done = done_rx.clone();
@@ -167,49 +172,14 @@ async fn one_pass(
                 Arc::clone(&hits),
             );
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                let (mut have, mut start) = (0usize, 0usize);
-                for (s, share) in shares[master].iter().enumerate() {
-                    let mut left = share.commands;
-                    while left > 0 {
-                        while have - start >= 4 && left > 0 {
-                            match &buf[start..start + 4] {
-                                b":1\r\n" => {
-                                    hits.fetch_add(1, Ordering::Relaxed);
-                                }
-                                b":0\r\n" => {}
-                                other => {
-                                    return Err(format!("unexpected reply {other:?}"));
-                                }
-                            }
-                            start += 4;
-                            left -= 1;
-                        }
-                        if left == 0 {
-                            break;
-                        }
-                        buf.copy_within(start..have, 0);
-                        have -= start;
-                        start = 0;
-                        let n = read
-                            .read(&mut buf[have..])
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        if n == 0 {
-                            return Err("a master closed the connection".to_owned());
-                        }
-                        have += n;
-                    }
-                    if share.commands > 0 && owed[s].fetch_sub(1, Ordering::AcqRel) == 1 {
-                        answered[s].store(true, Ordering::Release);
-                        done_tx.send_modify(|d| {
-                            while *d < answered.len() && answered[*d].load(Ordering::Acquire) {
-                                *d += 1;
-                            }
-                        });
-                    }
+                let read =
+                    read_replies(read, master, &shares, &owed, &answered, &done_tx, &hits).await;
+                if read.is_err() {
+                    // Let every writer finish, so the other masters' readers
+                    // get all their replies and the pass ends with this error.
+                    done_tx.send_replace(usize::MAX / 2);
                 }
-                Ok(read)
+                read
             })
         };
         tasks.push((reader, writer));
@@ -229,4 +199,61 @@ async fn one_pass(
     }
     *conns = back;
     Ok(hits.load(Ordering::Relaxed))
+}
+
+/// Reads `master`'s replies to every step in order, counting hits and
+/// marking each step answered by it (sliding the window once every master
+/// has answered it); returns the read half for the next pass.
+async fn read_replies(
+    mut read: tokio::net::tcp::OwnedReadHalf,
+    master: usize,
+    shares: &[Vec<Share>],
+    owed: &[AtomicUsize],
+    answered: &[AtomicBool],
+    done_tx: &watch::Sender<usize>,
+    hits: &AtomicUsize,
+) -> Result<tokio::net::tcp::OwnedReadHalf, String> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut have, mut start) = (0usize, 0usize);
+    for (s, share) in shares[master].iter().enumerate() {
+        let mut left = share.commands;
+        while left > 0 {
+            while have - start >= 4 && left > 0 {
+                match &buf[start..start + 4] {
+                    b":1\r\n" => {
+                        hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    b":0\r\n" => {}
+                    other => {
+                        return Err(format!("unexpected reply {other:?}"));
+                    }
+                }
+                start += 4;
+                left -= 1;
+            }
+            if left == 0 {
+                break;
+            }
+            buf.copy_within(start..have, 0);
+            have -= start;
+            start = 0;
+            let n = read
+                .read(&mut buf[have..])
+                .await
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("a master closed the connection".to_owned());
+            }
+            have += n;
+        }
+        if share.commands > 0 && owed[s].fetch_sub(1, Ordering::AcqRel) == 1 {
+            answered[s].store(true, Ordering::Release);
+            done_tx.send_modify(|d| {
+                while *d < answered.len() && answered[*d].load(Ordering::Acquire) {
+                    *d += 1;
+                }
+            });
+        }
+    }
+    Ok(read)
 }
