@@ -130,17 +130,18 @@ fn w3_one(
         Some(spawner) => kvtier_redis::RedisTier::with_spawner(tier_config, spawner)?,
         None => kvtier_redis::RedisTier::new(tier_config)?,
     });
-    let manager = |config: &ManagerConfig| match (&shared, runtime.as_str()) {
-        (None, "separate") => {
+    let manager = |config: &ManagerConfig| {
+        if runtime == "separate" {
             AsyncLookupManager::with_wake_hook(Arc::clone(&tier), config.clone(), unpark_me())
+        } else {
+            // `shared`: the spawner the tier was built on; `tier`: the tier's own.
+            AsyncLookupManager::with_spawner_and_wake_hook(
+                Arc::clone(&tier),
+                config.clone(),
+                tier.spawner(),
+                unpark_me(),
+            )
         }
-        // `shared`: the spawner the tier was built on; `tier`: the tier's own.
-        _ => AsyncLookupManager::with_spawner_and_wake_hook(
-            Arc::clone(&tier),
-            config.clone(),
-            tier.spawner(),
-            unpark_me(),
-        ),
     };
     let preload: Vec<OffloadKey> = (0..PRELOAD).map(|i| key_from_id(i, KEY_LEN)).collect();
     let blocks: Vec<(OffloadKey, Vec<u8>)> =

@@ -72,9 +72,39 @@ pub(crate) async fn redis_layout(
     Ok((ranges, urls))
 }
 
+/// Per step, per master (of `masters`, owning `ranges` from
+/// [`redis_layout`]): the full key names of the step's keys that master
+/// holds, as the tier names them.
+pub(crate) fn names_by_master(
+    ranges: &[(u16, u16, usize)],
+    masters: usize,
+    tier: &kvtier_redis::RedisTier,
+    steps: &[Step],
+) -> Vec<Vec<Vec<Vec<u8>>>> {
+    steps
+        .iter()
+        .map(|(_, keys, _)| {
+            let mut groups = vec![Vec::new(); masters];
+            for key in keys {
+                let name = tier.key_name(key);
+                groups[master_of(ranges, &name)].push(name);
+            }
+            groups
+        })
+        .collect()
+}
+
+/// How many of `steps`' keys are present: the hits a loop must find.
+pub(crate) fn present_keys(steps: &[Step]) -> usize {
+    steps
+        .iter()
+        .map(|s| s.2.iter().filter(|&&p| p).count())
+        .sum()
+}
+
 /// The master owning `name`'s slot, among `ranges` from [`redis_layout`];
 /// 0 on a single server (no ranges).
-pub(crate) fn master_of(ranges: &[(u16, u16, usize)], name: &[u8]) -> usize {
+fn master_of(ranges: &[(u16, u16, usize)], name: &[u8]) -> usize {
     let slot = kvtier_redis::key_slot(name);
     ranges
         .iter()
@@ -98,19 +128,7 @@ pub(crate) async fn raw_redis_loop(
         let client = redis::Client::open(url.as_str())?;
         conns.push(client.get_multiplexed_async_connection().await?);
     }
-    let owner = |name: &[u8]| master_of(&ranges, name);
-    // Per step, per master: the full key names, as the tier names them.
-    let grouped: Vec<Vec<Vec<Vec<u8>>>> = steps
-        .iter()
-        .map(|(_, keys, _)| {
-            let mut groups = vec![Vec::new(); conns.len()];
-            for key in keys {
-                let name = tier.key_name(key);
-                groups[owner(&name)].push(name);
-            }
-            groups
-        })
-        .collect();
+    let grouped = names_by_master(&ranges, conns.len(), tier, steps);
     let t = Instant::now();
     let work = grouped.iter().map(|groups| {
         let conns = &conns;
@@ -144,10 +162,7 @@ pub(crate) async fn raw_redis_loop(
     let elapsed = t.elapsed().as_secs_f64();
     let hits: usize = hits.into_iter().sum::<Result<usize, _>>()?;
     let keys: usize = steps.iter().map(|s| s.1.len()).sum();
-    let present: usize = steps
-        .iter()
-        .map(|s| s.2.iter().filter(|&&p| p).count())
-        .sum();
+    let present = present_keys(steps);
     if hits != present {
         return Err(format!("raw redis-rs loop found {hits} of {present} keys").into());
     }

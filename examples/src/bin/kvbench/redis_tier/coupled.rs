@@ -19,7 +19,7 @@ use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use super::baselines::{master_of, redis_layout};
+use super::baselines::{names_by_master, present_keys, redis_layout};
 use super::cpu::{CpuSample, CpuTally};
 use crate::Failure;
 use crate::common::Step;
@@ -48,29 +48,21 @@ pub(crate) fn coupled_floor(
         .build()?;
     rt.block_on(async {
         let (ranges, masters) = redis_layout(urls).await?;
-        let owner = |name: &[u8]| master_of(&ranges, name);
         // shares[master][step]
         let mut shares: Vec<Vec<Share>> = (0..masters.len()).map(|_| Vec::new()).collect();
-        for (_, keys, _) in steps {
-            let mut step: Vec<Share> = (0..masters.len())
-                .map(|_| Share {
-                    bytes: Vec::new(),
-                    commands: 0,
-                })
-                .collect();
-            for key in keys {
-                let name = tier.key_name(key);
-                let share = &mut step[owner(&name)];
-                share.bytes.extend_from_slice(b"*2\r\n$6\r\nEXISTS\r\n$");
-                share
-                    .bytes
-                    .extend_from_slice(format!("{}\r\n", name.len()).as_bytes());
-                share.bytes.extend_from_slice(&name);
-                share.bytes.extend_from_slice(b"\r\n");
-                share.commands += 1;
-            }
-            for (master, share) in step.into_iter().enumerate() {
-                shares[master].push(share);
+        for groups in names_by_master(&ranges, masters.len(), tier, steps) {
+            for (master, names) in groups.into_iter().enumerate() {
+                let mut bytes = Vec::new();
+                for name in &names {
+                    bytes.extend_from_slice(b"*2\r\n$6\r\nEXISTS\r\n$");
+                    bytes.extend_from_slice(format!("{}\r\n", name.len()).as_bytes());
+                    bytes.extend_from_slice(name);
+                    bytes.extend_from_slice(b"\r\n");
+                }
+                shares[master].push(Share {
+                    bytes,
+                    commands: names.len(),
+                });
             }
         }
         let shares = Arc::new(shares);
@@ -82,10 +74,7 @@ pub(crate) fn coupled_floor(
             stream.set_nodelay(true)?;
             conns.push(stream.into_split());
         }
-        let present: usize = steps
-            .iter()
-            .map(|s| s.2.iter().filter(|&&p| p).count())
-            .sum();
+        let present = present_keys(steps);
         let keys: usize = steps.iter().map(|s| s.1.len()).sum();
         let mut secs = 0.0;
         for _ in 0..repeats {
