@@ -20,7 +20,10 @@ Workloads:
   py_random        50,000 random resolved keys (half present) looked up in a
                    random order, one request: ns per key of lookup() and of
                    one lookup_many call, against the reference's lookup() and
-                   a same-run floor, `[k in s for k in keys]` over a set
+                   a same-run floor, `[k in s for k in keys]` over a set;
+                   its `split`: the cost of only reaching each key object in
+                   that order (`len(k)`), and lookup() of the same keys in
+                   the order they were made (both sides)
   py_step_loop     scheduler us per step: 64 requests x 32 resolved keys
                    (kvtier: lookup_many per request; reference: lookup per key)
   py_busy_redis    20 requests x 256 Redis keys flushed, 100 ms of pure-Python
@@ -201,9 +204,9 @@ def bench_random(ref_mod, rounds: int, n_keys: int = 50_000) -> None:
     rng.shuffle(order)
     floor_set = set(present)
 
-    def loop(m):
+    def loop(m, seq=order):
         lookup = m.lookup
-        for k in order:
+        for k in seq:
             lookup(k, ctx)
 
     def many():
@@ -213,16 +216,27 @@ def bench_random(ref_mod, rounds: int, n_keys: int = 50_000) -> None:
         s = floor_set
         [k in s for k in order]
 
+    def touch():
+        # Only reaching each key object in this order (the loop takes a
+        # reference to it, a store into its first line): the part of a
+        # random lookup that no table layout can save.
+        f = len
+        for k in order:
+            f(k)
+
     # The answers agree before anything is timed.
     expect = [k in floor_set for k in order]
     if ours.lookup_many(order, ctx) != expect or [ours.lookup(k, ctx) for k in order] != expect:
         raise RuntimeError("py_random: kvtier's answers differ from the set's")
     if [ref.lookup(k, ctx) for k in order] != expect:
         raise RuntimeError("py_random: the reference's answers differ from the set's")
-    t_ours, t_ref, t_many, t_floor = timed(
-        [lambda: loop(ours), lambda: loop(ref), many, floor], rounds)
-    ns_ours, ns_ref, ns_many, ns_floor = (statistics.median(t) / n_keys
-                                          for t in (t_ours, t_ref, t_many, t_floor))
+    # Besides the timed sides, where the time goes: the same lookups in
+    # the order the keys were made (their objects and the tables' entries
+    # then follow each other in memory), and `touch`.
+    times = timed([lambda: loop(ours), lambda: loop(ref), many, floor, touch,
+                   lambda: loop(ours, keys), lambda: loop(ref, keys)], rounds)
+    ns_ours, ns_ref, ns_many, ns_floor, ns_touch, ns_ours_seq, ns_ref_seq = (
+        statistics.median(t) / n_keys for t in times)
     ours.shutdown()
     ref.shutdown()
     params = {"keys": n_keys, "present": len(present), "key_len": 36, "rounds": rounds,
@@ -234,6 +248,9 @@ def bench_random(ref_mod, rounds: int, n_keys: int = 50_000) -> None:
         "ns_per_lookup": r3(ns_ours), "baseline_ns_per_lookup": r3(ns_ref),
         "floor_ns_per_key": r3(ns_floor),
         "speedup": r3(ns_ref / ns_ours), "ratio_vs_floor": r3(ns_ours / ns_floor),
+        "split": {"touch_ns_per_key": r3(ns_touch),
+                  "in_order_ns_per_lookup": r3(ns_ours_seq),
+                  "in_order_baseline_ns_per_lookup": r3(ns_ref_seq)},
     })
     emit({
         "workload": "py_random_lookup_many", "tier": "python-memory",
