@@ -281,11 +281,12 @@ impl TierStack {
         store: &Arc<S>,
         config: ManagerConfig,
     ) -> Result<&mut Self, ManagerError> {
-        if self.spawner.is_none() {
-            self.push(Box::new(store.manager(config)?));
-            return Ok(self);
-        }
-        self.add(Arc::clone(store), store.manager_config(config))
+        let manager = match &self.spawner {
+            Some(spawner) => store.manager_on(config, spawner)?,
+            None => store.manager(config)?,
+        };
+        self.push(Box::new(manager));
+        Ok(self)
     }
 
     /// Adds a tier after the ones already there (lower priority).
