@@ -264,10 +264,6 @@ fn thread_seen_within(name: &str, limit: Duration) -> bool {
     false
 }
 
-/// `tier.manager(...)` runs the lookup worker on the tier's own runtime when
-/// the tier has a dedicated one (no thread of the manager's own, answers
-/// exact), and on a runtime of its own when the tier runs on a caller's
-/// runtime, which nothing promises to drive.
 #[cfg(target_os = "linux")]
 /// Whether every thread named `name` has ended within `limit`.
 fn gone_within(name: &str, limit: Duration) -> bool {
@@ -281,6 +277,10 @@ fn gone_within(name: &str, limit: Duration) -> bool {
     true
 }
 
+/// `tier.manager(...)` runs the lookup worker on the tier's own runtime when
+/// the tier has a dedicated one (no thread of the manager's own, answers
+/// exact), and on a runtime of its own when the tier runs on a caller's
+/// runtime, which nothing promises to drive.
 #[cfg(target_os = "linux")] // threads are counted in /proc
 #[test]
 fn a_managers_worker_runs_on_the_tiers_dedicated_runtime() {
@@ -314,21 +314,13 @@ fn a_managers_worker_runs_on_the_tiers_dedicated_runtime() {
         stack.shutdown();
         rt.block_on(tier.remove_many(&keys)).unwrap();
         // Asked for more worker threads than the tier's runtime has: its own.
-        let mut m = tier
+        let m = tier
             .manager(ManagerConfig {
                 worker_threads: 2,
                 ..ManagerConfig::named("Z-two")
             })
             .unwrap();
-        assert!(
-            thread_seen_within(THREAD, Duration::from_secs(5)),
-            "{name}: two worker threads, a runtime of its own"
-        );
-        m.shutdown();
-        assert!(
-            gone_within(THREAD, Duration::from_secs(5)),
-            "{name}: its threads ended"
-        );
+        on_its_own_runtime(m, &format!("{name}: two worker threads"));
         // The same on a dedicated runtime the tier was given.
         let given = Spawner::dedicated("kvtier-redis-Zg", 1).unwrap();
         let tier = Arc::new(RedisTier::with_spawner(config.clone(), &given).unwrap());
@@ -341,16 +333,21 @@ fn a_managers_worker_runs_on_the_tiers_dedicated_runtime() {
 
         let callers = Spawner::from_handle(rt.handle().clone());
         let tier = Arc::new(RedisTier::with_spawner(config, &callers).unwrap());
-        let mut m = tier.manager(ManagerConfig::named("Z-own")).unwrap();
+        let m = tier.manager(ManagerConfig::named("Z-own")).unwrap();
+        on_its_own_runtime(m, &format!("{name}: a caller's runtime"));
+    }
+
+    /// `m` runs on a runtime of its own: its thread appears, and ends with
+    /// it (before the next configuration looks).
+    fn on_its_own_runtime(mut m: AsyncLookupManager<RedisTier>, what: &str) {
         assert!(
             thread_seen_within(THREAD, Duration::from_secs(5)),
-            "{name}: a runtime of its own"
+            "{what}: a runtime of its own"
         );
         m.shutdown();
-        // Its thread ends with it, before the next configuration looks.
         assert!(
             gone_within(THREAD, Duration::from_secs(5)),
-            "{name}: its thread ended"
+            "{what}: its threads ended"
         );
     }
 }
